@@ -1,0 +1,62 @@
+"""aiocollect: reinforcement-learning experience collection with asyncio at its core.
+
+``…Collector`` names here are asyncio-native; `aiocollect.blocking` holds a blocking twin of
+each under the same name, and TorchRL's classic ``…DataCollector`` names are aliases of the
+blocking twins.
+"""
+
+from __future__ import annotations
+
+from ._blocking_base import DataCollectorBase as DataCollectorBase
+from ._collector import Collector as Collector
+from ._envs import AsyncBatchedEnv as AsyncBatchedEnv
+from ._envs import BatchedEnv as BatchedEnv
+from ._errors import AiocollectError as AiocollectError
+from ._errors import CollectorClosedError as CollectorClosedError
+from ._errors import PolicyOutputError as PolicyOutputError
+from ._errors import WorkerCrashedError as WorkerCrashedError
+from ._errors import WorkerError as WorkerError
+from ._errors import WouldBlock as WouldBlock
+from ._gym import wrap_gymnasium as wrap_gymnasium
+from ._pool import AsyncEnvPool as AsyncEnvPool
+from ._specs import ArraySpec as ArraySpec
+from ._specs import EnvSpec as EnvSpec
+from ._split import split_trajectories as split_trajectories
+from ._stats import CollectorStats as CollectorStats
+from ._version import __version__ as __version__
+from .blocking import Collector as SyncDataCollector
+
+__all__ = (
+    "AiocollectError",
+    "ArraySpec",
+    "AsyncBatchedEnv",
+    "AsyncEnvPool",
+    "BatchedEnv",
+    "Collector",
+    "CollectorClosedError",
+    "CollectorStats",
+    "DataCollectorBase",
+    "EnvSpec",
+    "PolicyOutputError",
+    "SyncDataCollector",
+    "WorkerCrashedError",
+    "WorkerError",
+    "WouldBlock",
+    "split_trajectories",
+    "wrap_gymnasium",
+)
+
+
+def _fixup_module_metadata(module_name: str, namespace: dict[str, object]) -> None:
+    # trio's trick: reprs, tracebacks and pickles name the public path, not the private module.
+    for name in namespace.get("__all__", ()):  # type: ignore[union-attr]
+        obj = namespace[name]  # type: ignore[index]
+        mod = getattr(obj, "__module__", None)
+        if isinstance(mod, str) and mod.startswith("aiocollect._"):
+            try:
+                obj.__module__ = module_name  # type: ignore[attr-defined]
+            except (AttributeError, TypeError):
+                pass
+
+
+_fixup_module_metadata(__name__, globals())

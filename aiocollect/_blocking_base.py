@@ -1,0 +1,120 @@
+"""DataCollectorBase: the blocking face shared by every blocking collector twin."""
+
+from __future__ import annotations
+
+from functools import partial
+from types import TracebackType
+from typing import Any, ClassVar
+
+from tensordict import TensorDictBase
+
+from ._portal import Portal
+from ._stats import CollectorStats
+
+__all__ = ["DataCollectorBase"]
+
+_END = object()
+
+
+async def _anext_or_end(iterator: Any) -> Any:
+    try:
+        return await iterator.__anext__()
+    except StopAsyncIteration:
+        return _END
+
+
+class DataCollectorBase:
+    """Base class of every blocking collector: a thin portal over one async collector.
+
+    Subclasses only name their async twin in ``_async_class``. Every method is one call
+    through an anyio blocking portal (an event loop in a helper thread), so the blocking and
+    async APIs share one implementation. Using a blocking collector from inside a running
+    event loop raises ``RuntimeError`` naming the async class to use instead.
+
+    Examples:
+        >>> from aiocollect import SyncDataCollector
+        >>> with SyncDataCollector("CartPole-v1", frames_per_batch=32, total_frames=64) as c:
+        ...     print([batch.shape for batch in c])
+        [torch.Size([32]), torch.Size([32])]
+    """
+
+    _async_class: ClassVar[type[Any]]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._async = self._async_class(*args, **kwargs)
+        cls = type(self)
+        self._portal = Portal(f"{cls.__module__}.{cls.__qualname__}", f"aiocollect.{self._async_class.__qualname__}")
+        self._context: Any = None
+
+    def __enter__(self) -> DataCollectorBase:
+        self._context = self._portal.wrap_async_context_manager(self._async)
+        self._context.__enter__()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            if self._context is not None:
+                self._context.__exit__(exc_type, exc, tb)
+        finally:
+            self._context = None
+            self.shutdown()
+
+    def __iter__(self) -> DataCollectorBase:
+        return self
+
+    def __next__(self) -> TensorDictBase:
+        batch = self._portal.call(_anext_or_end, self._async)
+        if batch is _END:
+            self.shutdown()
+            raise StopIteration
+        return batch
+
+    def next(self) -> TensorDictBase | None:
+        """Return the next batch, or ``None`` when the frame budget is spent (TorchRL's ``next``)."""
+        return next(self, None)
+
+    def shutdown(self) -> None:
+        """Stop collecting, close the envs and stop the portal thread. Idempotent."""
+        if not self._portal.running:
+            return
+        self._portal.call(self._async.aclose)
+        if self._context is None:  # inside 'with', __exit__ stops the portal
+            self._portal.stop()
+
+    def update_policy_weights_(self, policy_or_weights: Any = None, *, weights: Any = None) -> None:
+        """Bring the collection policy up to date; see the async twin's method."""
+        self._portal.call(partial(self._async.update_policy_weights_, policy_or_weights, weights=weights))
+
+    def set_seed(self, seed: int) -> int:
+        """Seed envs and random actions; see the async twin's method."""
+        return self._portal.call(self._async.set_seed, seed)
+
+    def reset(self) -> None:
+        """Reset every env at the start of the next batch."""
+        self._portal.call(self._async.reset)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the collector's resumable state."""
+        return self._portal.call(self._async.state_dict)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore a state dict produced by `state_dict`."""
+        self._portal.call(self._async.load_state_dict, state_dict)
+
+    def stats(self) -> CollectorStats:
+        """Return a statistics snapshot."""
+        return self._portal.call(self._async.stats)
+
+    def __len__(self) -> int:
+        return len(self._async)
+
+    def __repr__(self) -> str:
+        return repr(self._async).replace(self._async_class.__name__, f"blocking.{type(self).__name__}", 1)
+
+    def __del__(self) -> None:
+        try:
+            self.shutdown()
+        except Exception:  # noqa: BLE001 - nothing can be raised from __del__
+            pass

@@ -1,0 +1,405 @@
+"""Collector: the asyncio-native, in-process collector."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import warnings
+from types import TracebackType
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import numpy as np
+import torch
+from anyio.abc import TaskGroup
+from tensordict import TensorDictBase
+from tensordict.nn import InteractionType
+
+from ._config import make_env, validate_config
+from ._envs import AsyncBatchedEnv
+from ._errors import CollectorClosedError
+from ._policy import PolicyAdapter
+from ._rollout import Rollout, TrajCounter
+from ._split import split_trajectories
+from ._stats import CollectorStats
+from ._threads import ThreadLane
+
+__all__ = ["Collector"]
+
+
+class _Failure:
+    """An exception travelling from the producer task to the consumer through the stream."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+class Collector:
+    """Collect batches of experience from environments in this process, without blocking the loop.
+
+    Env stepping and policy inference run in a worker thread (or, for an `AsyncBatchedEnv`,
+    on the event loop with the policy in a thread), so the event loop stays responsive.
+    Batches are TensorDicts of shape ``[*env_batch, T]`` in TorchRL's layout (see the docs'
+    batch layout page).
+
+    ``async with`` is the deterministic form: it builds the env, owns a producer task and
+    closes everything on exit, whether by exhaustion, ``break``, an exception or
+    cancellation. Iterating without ``async with`` also works; the env is built lazily and
+    closed when iteration ends or `aclose` is called. Batches are collected on demand: with
+    the default ``max_queued_batches=0`` the next batch starts only when you ask for it, so
+    an on-policy trainer always collects with the weights it just trained.
+
+    Args:
+        create_env_fn: A gymnasium env id, a ``gymnasium.Env``/``VectorEnv``, a `BatchedEnv`
+            or `AsyncBatchedEnv`, or a callable returning one (called with
+            ``create_env_kwargs``).
+        policy: ``None`` (random actions), an ``nn.Module`` mapping observations to actions,
+            or a TensorDict callable (e.g. a ``TensorDictModule``) that writes ``"action"``.
+        frames_per_batch: Frames per batch, rounded up to a multiple of the env batch size.
+        total_frames: Frame budget; ``-1`` for endless collection.
+        max_frames_per_traj: Truncate (and reset) trajectories after this many steps; adds
+            ``step_count``. ``None`` or ``<= 0`` disables it.
+        init_random_frames: Collect this many frames (in whole batches) with random actions
+            before the policy is used.
+        reset_at_each_iter: Reset every env at the start of every batch.
+        postproc: A callable applied to each batch (after ``split_trajs``).
+        split_trajs: Split each batch into zero-padded trajectories (`split_trajectories`).
+        exploration_type: The ``tensordict.nn.InteractionType`` the policy runs under.
+        reset_when_done: Must be True (kept for TorchRL compatibility).
+        device: Default for ``env_device``, ``policy_device`` and ``storing_device``.
+        env_device: Device actions are moved to before stepping the env.
+        policy_device: Device the policy runs on; the policy is copied there only if needed.
+        storing_device: Device of the yielded batches.
+        create_env_kwargs: Keyword arguments for ``create_env_fn``.
+        set_truncated: Mark the last step of every batch as truncated (the env is not reset).
+        track_traj_ids: Write ``("collector", "traj_ids")``.
+        max_queued_batches: How many batches may be collected ahead of the consumer.
+        shutdown_timeout: Seconds teardown waits for an env step in progress to return.
+
+    Raises:
+        TypeError: An argument has the wrong type (raised before any env is built).
+        ValueError: An argument has a wrong value (raised before any env is built).
+
+    Examples:
+        >>> import anyio
+        >>> from aiocollect import Collector
+        >>> async def main():
+        ...     async with Collector("CartPole-v1", frames_per_batch=64, total_frames=128) as c:
+        ...         return [batch.shape for batch in [b async for b in c]]
+        >>> anyio.run(main)
+        [torch.Size([64]), torch.Size([64])]
+    """
+
+    def __init__(
+        self,
+        create_env_fn: Any,
+        policy: Any = None,
+        *,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        max_frames_per_traj: int | None = None,
+        init_random_frames: int | None = None,
+        reset_at_each_iter: bool = False,
+        postproc: Any = None,
+        split_trajs: bool | None = None,
+        exploration_type: InteractionType | str = InteractionType.RANDOM,
+        reset_when_done: bool = True,
+        device: Any = None,
+        env_device: Any = None,
+        policy_device: Any = None,
+        storing_device: Any = None,
+        create_env_kwargs: dict[str, Any] | None = None,
+        set_truncated: bool = False,
+        track_traj_ids: bool = True,
+        max_queued_batches: int = 0,
+        shutdown_timeout: float = 10.0,
+    ) -> None:
+        self._cfg = validate_config(
+            create_env_fn=create_env_fn, policy=policy, frames_per_batch=frames_per_batch,
+            total_frames=total_frames, max_frames_per_traj=max_frames_per_traj,
+            init_random_frames=init_random_frames, reset_at_each_iter=reset_at_each_iter,
+            postproc=postproc, split_trajs=split_trajs, exploration_type=exploration_type,
+            reset_when_done=reset_when_done, device=device, env_device=env_device,
+            policy_device=policy_device, storing_device=storing_device,
+            create_env_kwargs=create_env_kwargs, set_truncated=set_truncated,
+            track_traj_ids=track_traj_ids, max_queued_batches=max_queued_batches,
+            shutdown_timeout=shutdown_timeout,
+        )  # fmt: skip
+        cfg = self._cfg
+        self._policy = PolicyAdapter(policy, policy_device=cfg.policy_device, exploration_type=cfg.exploration_type)
+        self._counter = TrajCounter()
+        self._generator = torch.Generator()
+        self._generator.seed()
+        self._env_seeds: np.random.SeedSequence | None = None
+        self._lane = ThreadLane()
+        self._env: Any = None
+        self._rollout: Rollout | None = None
+        self._frames = 0
+        self._batches = 0
+        self._collect_time = 0.0
+        self._closed = False
+        self._tg: TaskGroup | None = None
+        self._producer_scope: anyio.CancelScope | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def _build(self) -> None:
+        cfg = self._cfg
+        env = make_env(cfg)
+        try:
+            self._policy.bind(env.spec)
+            steps = math.ceil(cfg.frames_per_batch / max(1, env.spec.numel))
+            self._rollout = Rollout(
+                env, self._policy, steps=steps, traj_counter=self._counter, generator=self._generator,
+                max_frames_per_traj=cfg.max_frames_per_traj, set_truncated=cfg.set_truncated,
+                reset_at_each_iter=cfg.reset_at_each_iter, env_device=cfg.env_device,
+                storing_device=cfg.storing_device, track_traj_ids=cfg.track_traj_ids, stop=self._lane.stop,
+            )  # fmt: skip
+        except BaseException:
+            env.close()
+            raise
+        self._env = env
+        self._apply_seeds()
+
+    async def _ensure_started(self) -> Rollout:
+        if self._closed:
+            raise CollectorClosedError("this Collector was shut down; create a new one")
+        if self._rollout is None:
+            await self._lane.run(self._build)
+        assert self._rollout is not None
+        return self._rollout
+
+    async def __aenter__(self) -> Collector:
+        if self._tg is not None:
+            raise RuntimeError("this Collector is already open; 'async with' it only once")
+        await self._ensure_started()
+        n = self._cfg.max_queued_batches
+        self._send, self._recv = anyio.create_memory_object_stream[Any](n + 1)
+        self._demand = anyio.Semaphore(n)
+        self._producer_scope = anyio.CancelScope()
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._tg.start_soon(self._produce)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        assert self._tg is not None
+        self._lane.stop.set()
+        assert self._producer_scope is not None
+        self._producer_scope.cancel()
+        try:
+            # The producer abandons its thread call on cancellation, so this returns at once;
+            # the thread itself is waited for (bounded) in aclose().
+            await self._tg.__aexit__(exc_type, exc, tb)
+        finally:
+            self._recv.close()
+            await self.aclose()
+        return None
+
+    async def aclose(self) -> None:
+        """Stop collecting and close the env. Idempotent.
+
+        Waits at most ``shutdown_timeout`` seconds for an env step in progress; an env stuck
+        past that is left open with a ``RuntimeWarning`` rather than closed under its feet.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._lane.stop.set()
+        # Only the producer is cancelled: the tg's own scope also covers the user's
+        # 'async with' body, which aclose() must not cancel.
+        if self._producer_scope is not None:
+            self._producer_scope.cancel()
+        env, self._env, self._rollout = self._env, None, None
+        if env is None:
+            return
+        timeout = self._cfg.shutdown_timeout
+        with anyio.CancelScope(shield=True), anyio.move_on_after(timeout * 2):
+            if await self._lane.wait_idle(timeout):
+                await anyio.to_thread.run_sync(env.close)
+                return
+        warnings.warn(
+            f"an env step did not return within shutdown_timeout={timeout}s; the env was left open",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+    def __del__(self) -> None:
+        if getattr(self, "_env", None) is not None and not self._closed:
+            self._lane.stop.set()
+            warnings.warn(f"unclosed {self!r}; use 'async with' or call aclose()", ResourceWarning, stacklevel=1)
+            if self._lane.idle:
+                self._env.close()
+
+    # -- iteration -----------------------------------------------------------------------------
+    def _exhausted(self) -> bool:
+        return self._frames >= self._cfg.total_frames
+
+    def _post(self, batch: TensorDictBase) -> TensorDictBase:
+        if self._cfg.split_trajs:
+            batch = split_trajectories(batch, prefix="collector")
+        if self._cfg.postproc is not None:
+            batch = self._cfg.postproc(batch)
+        return batch
+
+    async def _collect_one(self) -> TensorDictBase:
+        rollout = await self._ensure_started()
+        random = self._policy.is_random or self._frames < self._cfg.init_random_frames
+        start = time.perf_counter()
+        if isinstance(rollout.env, AsyncBatchedEnv):
+            batch = await rollout.acollect(random, self._lane.run)
+        else:
+            batch = await self._lane.run(rollout.collect, random)
+        self._collect_time += time.perf_counter() - start
+        self._frames += batch.numel()
+        self._batches += 1
+        if self._cfg.split_trajs or self._cfg.postproc is not None:
+            batch = await self._lane.run(self._post, batch)
+        return batch
+
+    async def _produce(self) -> None:
+        try:
+            with self._producer_scope:  # type: ignore[union-attr]
+                while not self._exhausted():
+                    await self._demand.acquire()
+                    await self._send.send(await self._collect_one())
+        except Exception as exc:  # noqa: BLE001 - delivered to the consumer, never dropped
+            try:
+                await self._send.send(_Failure(exc))
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass
+        finally:
+            self._send.close()
+
+    def __aiter__(self) -> Collector:
+        return self
+
+    async def __anext__(self) -> TensorDictBase:
+        if self._tg is not None:
+            if self._closed:
+                raise StopAsyncIteration
+            self._demand.release()
+            try:
+                item = await self._recv.receive()
+            except (anyio.EndOfStream, anyio.ClosedResourceError):
+                raise StopAsyncIteration from None
+            if isinstance(item, _Failure):
+                raise item.exc
+            return item
+        if self._exhausted():
+            await self.aclose()
+            raise StopAsyncIteration
+        if self._closed:
+            raise CollectorClosedError("this Collector was shut down; create a new one")
+        try:
+            return await self._collect_one()
+        except Exception:
+            await self.aclose()
+            raise
+
+    # -- control -------------------------------------------------------------------------------
+    async def update_policy_weights_(self, policy_or_weights: Any = None, *, weights: Any = None) -> None:
+        """Bring the collection policy up to date and bump the policy version.
+
+        With no argument the collector's policy copy (if one was made for ``policy_device``)
+        is refreshed from the policy you passed in; a policy that was not copied is already
+        the live module. Explicit weights (an ``nn.Module``, a state dict or a TensorDict from
+        ``TensorDict.from_module``) are loaded into the collection policy. The update never
+        lands in the middle of a policy call; frames record the version they were collected
+        with in ``("collector", "policy_version")``.
+
+        Args:
+            policy_or_weights: Weights to load, or ``None``.
+            weights: Same as ``policy_or_weights`` (TorchRL's keyword).
+        """
+        if policy_or_weights is not None and weights is not None:
+            raise ValueError("pass weights either positionally or as weights=, not both")
+        w = weights if weights is not None else policy_or_weights
+        await anyio.to_thread.run_sync(self._policy.update_weights, w)
+
+    def set_seed(self, seed: int) -> int:
+        """Seed envs, random actions and torch's global RNG; effective from the next batch.
+
+        Env seeds come from ``numpy.random.SeedSequence(seed)``, so envs get independent
+        streams. The envs are reset with their seeds at the start of the next batch.
+
+        Args:
+            seed: A non-negative int.
+
+        Returns:
+            A new seed derived from ``seed``, to seed another collector independently.
+        """
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        env_ss, action_ss, torch_ss, next_ss = np.random.SeedSequence(seed).spawn(4)
+        self._generator.manual_seed(int(action_ss.generate_state(1)[0]))
+        torch.manual_seed(int(torch_ss.generate_state(1)[0]))
+        self._env_seeds = env_ss
+        self._apply_seeds()
+        return int(next_ss.generate_state(1)[0])
+
+    def _apply_seeds(self) -> None:
+        if self._rollout is not None and self._env_seeds is not None:
+            n = max(1, self._rollout.spec.numel)
+            seeds = [int(s.generate_state(1)[0]) for s in self._env_seeds.spawn(n)]
+            self._rollout.request_reset(seeds)
+            self._env_seeds = None
+
+    def reset(self) -> None:
+        """Reset every env (with fresh trajectory ids) at the start of the next batch."""
+        if self._rollout is not None:
+            self._rollout.request_reset()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the collector's resumable state: counters, RNG state and policy weights."""
+        pol = self._policy.policy
+        return {
+            "policy_state_dict": pol.state_dict() if isinstance(pol, torch.nn.Module) else None,
+            "frames": self._frames,
+            "batches": self._batches,
+            "traj_pool": self._counter.next,
+            "policy_version": self._policy.version,
+            "generator_state": self._generator.get_state(),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore a `state_dict`; envs restart from a reset with fresh trajectory ids."""
+        pol = self._policy.policy
+        if state_dict.get("policy_state_dict") is not None and isinstance(pol, torch.nn.Module):
+            pol.load_state_dict(state_dict["policy_state_dict"])
+        self._frames = int(state_dict["frames"])
+        self._batches = int(state_dict["batches"])
+        self._counter.next = max(self._counter.next, int(state_dict["traj_pool"]))
+        self._policy.version = int(state_dict["policy_version"])
+        self._generator.set_state(state_dict["generator_state"])
+        self.reset()
+
+    def stats(self) -> CollectorStats:
+        """Return a `CollectorStats` snapshot (frames, batches, frames/s, policy version)."""
+        total = self._cfg.total_frames
+        return CollectorStats(
+            frames=self._frames,
+            batches=self._batches,
+            total_frames=None if math.isinf(total) else int(total),
+            frames_per_second=self._frames / self._collect_time if self._collect_time else 0.0,
+            policy_version=self._policy.version,
+            completed=self._exhausted(),
+        )
+
+    def __len__(self) -> int:
+        total = self._cfg.total_frames
+        if math.isinf(total):
+            raise TypeError("len() is undefined for an endless collector (total_frames=-1)")
+        return math.ceil(total / self._cfg.frames_per_batch)
+
+    def __repr__(self) -> str:
+        total = self._cfg.total_frames
+        budget = "endless" if math.isinf(total) else int(total)
+        state = "closed" if self._closed else "open" if self._env is not None else "not started"
+        return (
+            f"<{type(self).__name__} [{state} | frames: {self._frames}/{budget} | batches: {self._batches} "
+            f"| policy v{self._policy.version} | pid {os.getpid()}]>"
+        )

@@ -1,0 +1,213 @@
+"""Argument validation: every rule is checked before any env is built.
+
+Messages follow one grammar: the rule, the value (``!r``) and, where useful, the fix.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tensordict.nn import InteractionType
+
+__all__ = ["CollectorConfig", "validate_config"]
+
+
+@dataclass(frozen=True)
+class CollectorConfig:
+    create_env_fn: Any
+    create_env_kwargs: dict[str, Any]
+    frames_per_batch: int
+    total_frames: float  # math.inf when endless
+    max_frames_per_traj: int | None
+    init_random_frames: int
+    reset_at_each_iter: bool
+    postproc: Callable[[Any], Any] | None
+    split_trajs: bool
+    exploration_type: InteractionType
+    env_device: torch.device | None
+    policy_device: torch.device | None
+    storing_device: torch.device | None
+    set_truncated: bool
+    track_traj_ids: bool
+    max_queued_batches: int
+    shutdown_timeout: float
+
+
+def _int(name: str, value: Any, *, minimum: int, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        kind = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        none = " or None" if allow_none else ""
+        raise (TypeError if not isinstance(value, int) or isinstance(value, bool) else ValueError)(
+            f"{name} must be {kind}{none}, got {value!r}"
+        )
+    return value
+
+
+def _bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return value
+
+
+def _device(name: str, value: Any) -> torch.device | None:
+    if value is None:
+        return None
+    try:
+        return torch.device(value)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"{name} must be a torch.device or a device string like 'cpu' or 'cuda:0', got {value!r}") from exc
+
+
+def _env_fn(value: Any) -> Any:
+    import gymnasium as gym
+
+    from ._envs import AsyncBatchedEnv, BatchedEnv
+
+    if isinstance(value, str):
+        if value not in gym.envs.registry:
+            close = [k for k in gym.envs.registry if k.lower().startswith(value.split("-")[0].lower())][:3]
+            hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+            raise ValueError(f"create_env_fn {value!r} is not a registered gymnasium env id{hint}; check the id and version")
+        return value
+    if isinstance(value, (gym.Env, gym.vector.VectorEnv, BatchedEnv, AsyncBatchedEnv)) or callable(value):
+        return value
+    raise TypeError(
+        "create_env_fn must be a gymnasium env id, a gymnasium Env or VectorEnv, an aiocollect BatchedEnv, "
+        f"or a zero-argument callable returning one, got {value!r}"
+    )
+
+
+def validate_config(
+    *,
+    create_env_fn: Any,
+    policy: Any,
+    frames_per_batch: Any,
+    total_frames: Any,
+    max_frames_per_traj: Any,
+    init_random_frames: Any,
+    reset_at_each_iter: Any,
+    postproc: Any,
+    split_trajs: Any,
+    exploration_type: Any,
+    reset_when_done: Any,
+    device: Any,
+    env_device: Any,
+    policy_device: Any,
+    storing_device: Any,
+    create_env_kwargs: Any,
+    set_truncated: Any,
+    track_traj_ids: Any,
+    max_queued_batches: Any,
+    shutdown_timeout: Any,
+) -> CollectorConfig:
+    """Check every constructor argument; raise ``TypeError``/``ValueError`` naming rule, value and fix."""
+    env_fn = _env_fn(create_env_fn)
+    if policy is not None and not callable(policy):
+        raise TypeError(f"policy must be None, an nn.Module or a callable, got {policy!r}")
+    fpb = _int("frames_per_batch", frames_per_batch, minimum=1)
+    assert fpb is not None
+    if total_frames is None:
+        total_frames = -1
+    if isinstance(total_frames, bool) or not isinstance(total_frames, int):
+        raise TypeError(f"total_frames must be an int (-1 for endless), got {total_frames!r}")
+    if total_frames == 0:
+        raise ValueError("total_frames must be positive, or -1 for endless collection, got 0")
+    total = math.inf if total_frames < 0 else float(total_frames)
+    if total_frames > 0 and total_frames % fpb:
+        warnings.warn(
+            f"total_frames ({total_frames}) is not divisible by frames_per_batch ({fpb}); "
+            f"{math.ceil(total_frames / fpb) * fpb} frames will be collected",
+            UserWarning,
+            stacklevel=4,
+        )
+    mfpt = max_frames_per_traj
+    if mfpt is not None:
+        if isinstance(mfpt, bool) or not isinstance(mfpt, int):
+            raise TypeError(f"max_frames_per_traj must be an int or None, got {mfpt!r}")
+        mfpt = mfpt if mfpt > 0 else None
+    irf = init_random_frames
+    if irf is None:
+        irf = 0
+    if isinstance(irf, bool) or not isinstance(irf, int) or irf < -1:
+        raise ValueError(f"init_random_frames must be an int >= 0 (or -1/None for none), got {init_random_frames!r}")
+    irf = max(irf, 0)
+    if reset_when_done is not True:
+        raise ValueError(
+            f"reset_when_done must be True (envs are always reset when done, as in TorchRL), got {reset_when_done!r}"
+        )
+    if postproc is not None and not callable(postproc):
+        raise TypeError(f"postproc must be a callable taking and returning a TensorDict, or None, got {postproc!r}")
+    if isinstance(exploration_type, str):
+        try:
+            exploration_type = InteractionType(exploration_type.lower())
+        except ValueError:
+            exploration_type = None
+    if not isinstance(exploration_type, InteractionType):
+        choices = ", ".join(t.name for t in InteractionType)
+        raise ValueError(f"exploration_type must be a tensordict.nn.InteractionType ({choices}), got {exploration_type!r}")
+    if create_env_kwargs is not None and not isinstance(create_env_kwargs, dict):
+        raise TypeError(f"create_env_kwargs must be a dict or None, got {create_env_kwargs!r}")
+    dev = _device("device", device)
+    env_dev = _device("env_device", env_device) or dev
+    pol_dev = _device("policy_device", policy_device) or dev
+    store_dev = _device("storing_device", storing_device) or dev
+    if store_dev is None and env_dev is not None and env_dev == pol_dev:
+        store_dev = env_dev
+    split = _bool("split_trajs", bool(split_trajs) if split_trajs is None else split_trajs)
+    track = _bool("track_traj_ids", track_traj_ids)
+    if split and not track:
+        raise ValueError("split_trajs=True needs track_traj_ids=True, got track_traj_ids=False")
+    mqb = _int("max_queued_batches", max_queued_batches, minimum=0)
+    if isinstance(shutdown_timeout, bool) or not isinstance(shutdown_timeout, (int, float)) or shutdown_timeout <= 0:
+        raise ValueError(f"shutdown_timeout must be a positive number of seconds, got {shutdown_timeout!r}")
+    return CollectorConfig(
+        create_env_fn=env_fn,
+        create_env_kwargs=dict(create_env_kwargs or {}),
+        frames_per_batch=fpb,
+        total_frames=total,
+        max_frames_per_traj=mfpt,
+        init_random_frames=irf,
+        reset_at_each_iter=_bool("reset_at_each_iter", reset_at_each_iter),
+        postproc=postproc,
+        split_trajs=split,
+        exploration_type=exploration_type,
+        env_device=env_dev,
+        policy_device=pol_dev,
+        storing_device=store_dev,
+        set_truncated=_bool("set_truncated", set_truncated),
+        track_traj_ids=track,
+        max_queued_batches=mqb or 0,
+        shutdown_timeout=float(shutdown_timeout),
+    )
+
+
+def make_env(cfg: CollectorConfig) -> Any:
+    """Build the env described by ``cfg`` and wrap it as a `BatchedEnv`/`AsyncBatchedEnv` (blocking)."""
+    import gymnasium as gym
+
+    from ._envs import AsyncBatchedEnv, BatchedEnv
+    from ._gym import wrap_gymnasium
+
+    fn, kwargs = cfg.create_env_fn, cfg.create_env_kwargs
+    if isinstance(fn, str):
+        env = gym.make(fn, **kwargs)
+    elif isinstance(fn, (gym.Env, gym.vector.VectorEnv, BatchedEnv, AsyncBatchedEnv)):
+        if kwargs:
+            raise ValueError("create_env_kwargs can only be used with an env id or a factory, not an env instance")
+        env = fn
+    else:
+        env = fn(**kwargs)
+    if isinstance(env, (BatchedEnv, AsyncBatchedEnv)):
+        return env
+    if isinstance(env, (gym.Env, gym.vector.VectorEnv)):
+        return wrap_gymnasium(env)
+    raise TypeError(
+        f"create_env_fn returned {type(env).__name__}; it must return a gymnasium Env/VectorEnv or an aiocollect BatchedEnv"
+    )

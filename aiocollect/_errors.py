@@ -1,0 +1,66 @@
+"""The aiocollect exception hierarchy: one base class, documented triggers."""
+
+from __future__ import annotations
+
+__all__ = [
+    "AiocollectError",
+    "CollectorClosedError",
+    "PolicyOutputError",
+    "WorkerCrashedError",
+    "WorkerError",
+    "WouldBlock",
+]
+
+
+class AiocollectError(Exception):
+    """Base class of every error aiocollect raises on its own account."""
+
+
+class CollectorClosedError(AiocollectError):
+    """Raised when a collector is used after ``shutdown()``/``aclose()``."""
+
+
+class WouldBlock(AiocollectError):
+    """Raised when a ``*_nowait()`` call would have to wait."""
+
+
+class PolicyOutputError(AiocollectError, ValueError):
+    """Raised when a policy's output does not match the environment's action spec."""
+
+
+class WorkerError(AiocollectError):
+    """Raised when code running in a collector worker (env or policy) raises.
+
+    The worker's original exception is attached as ``__cause__``.
+
+    Attributes:
+        worker_id: Index of the worker that failed.
+        pid: Process id of the worker (the parent's pid for in-process workers).
+        step: The collector step at which the failure happened, or ``None``.
+    """
+
+    def __init__(self, worker_id: int, pid: int | None, step: int | None, error: str) -> None:
+        self.worker_id = worker_id
+        self.pid = pid
+        self.step = step
+        where = f" at step {step}" if step is not None else ""
+        super().__init__(f"worker {worker_id} (pid {pid}) failed{where}: {error}")
+
+
+class WorkerCrashedError(AiocollectError):
+    """Raised when a worker process dies without reporting an error (signal, ``os._exit``)."""
+
+    def __init__(self, worker_id: int, pid: int | None, exitcode: int | None) -> None:
+        self.worker_id = worker_id
+        self.pid = pid
+        self.exitcode = exitcode
+        if exitcode is not None and exitcode < 0:
+            import signal
+
+            try:
+                how = f"killed by {signal.Signals(-exitcode).name}"
+            except ValueError:
+                how = f"killed by signal {-exitcode}"
+        else:
+            how = f"exited with code {exitcode}"
+        super().__init__(f"worker {worker_id} (pid {pid}) {how}")

@@ -1,0 +1,169 @@
+"""Mapping between gymnasium spaces and aiocollect specs / tensors.
+
+A space is flattened once into a list of leaves ``(key, path, spec, space)``; per step the
+converters only walk those paths, so no space introspection happens on the hot path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from ._specs import ArraySpec, NestedKey
+
+__all__ = ["Leaf", "flatten_space", "to_gym_action", "write_obs", "write_row"]
+
+
+@dataclass
+class Leaf:
+    key: NestedKey
+    path: tuple[Any, ...]  # indices into the (possibly nested) gymnasium value
+    spec: ArraySpec
+    space: spaces.Space[Any]
+    one_hot: bool
+    start: Any  # Discrete.start / MultiDiscrete.start offset, or None
+    convert: Callable[[Any], torch.Tensor] = lambda a: torch.as_tensor(a)
+
+    def __post_init__(self) -> None:
+        self.convert = _converter(self)
+
+
+def _join(prefix: tuple[str, ...], name: str) -> tuple[str, ...]:
+    return (*prefix, name)
+
+
+def _as_key(parts: tuple[str, ...]) -> NestedKey:
+    return parts[0] if len(parts) == 1 else parts
+
+
+def flatten_space(space: spaces.Space[Any], root: str, *, one_hot: bool = False) -> list[Leaf]:
+    """Flatten a gymnasium space into leaves.
+
+    A top-level ``Dict`` space maps to top-level keys (TorchRL's convention for observations);
+    nested ``Dict``/``Tuple`` spaces become nested keys (tuple members are named "0", "1", ...).
+    """
+    leaves: list[Leaf] = []
+
+    def visit(sp: spaces.Space[Any], key: tuple[str, ...], path: tuple[Any, ...]) -> None:
+        if isinstance(sp, spaces.Dict):
+            for name, sub in sp.spaces.items():
+                visit(sub, _join(key, str(name)), (*path, name))
+        elif isinstance(sp, spaces.Tuple):
+            for i, sub in enumerate(sp.spaces):
+                visit(sub, _join(key, str(i)), (*path, i))
+        else:
+            spec, start = _leaf_spec(sp, one_hot)
+            leaves.append(Leaf(_as_key(key), path, spec, sp, one_hot and spec.kind == "one_hot", start))
+
+    top: tuple[str, ...] = () if isinstance(space, spaces.Dict) and root == "observation" else (root,)
+    visit(space, top, ())
+    return leaves
+
+
+def _leaf_spec(sp: spaces.Space[Any], one_hot: bool) -> tuple[ArraySpec, Any]:
+    if isinstance(sp, spaces.Box):
+        dtype = torch.from_numpy(np.zeros((), dtype=sp.dtype)).dtype
+        low = torch.as_tensor(sp.low, dtype=torch.float64)
+        high = torch.as_tensor(sp.high, dtype=torch.float64)
+        return ArraySpec(tuple(sp.shape), dtype, "box", low, high), None
+    if isinstance(sp, spaces.Discrete):
+        n = int(sp.n)
+        if one_hot:
+            return ArraySpec((n,), torch.int64, "one_hot", n=n), int(sp.start)
+        return ArraySpec((), torch.int64, "discrete", n=n), int(sp.start)
+    if isinstance(sp, spaces.MultiDiscrete):
+        nvec = torch.as_tensor(np.asarray(sp.nvec), dtype=torch.int64)
+        return ArraySpec(tuple(sp.shape), torch.int64, "multi_discrete", nvec=nvec), np.asarray(sp.start)
+    if isinstance(sp, spaces.MultiBinary):
+        return ArraySpec(tuple(np.atleast_1d(sp.n).tolist()), torch.int8, "binary"), None
+    raise TypeError(
+        f"gymnasium space {sp!r} is not supported; use Box, Discrete, MultiDiscrete, MultiBinary, "
+        "Dict or Tuple (wrap the env with a gymnasium.ObservationWrapper to convert it)"
+    )
+
+
+def _get(value: Any, path: tuple[Any, ...]) -> Any:
+    for p in path:
+        value = value[p]
+    return value
+
+
+def _converter(leaf: Leaf) -> Callable[[Any], torch.Tensor]:
+    if leaf.spec.kind == "one_hot":
+        n, start = leaf.spec.n, leaf.start
+        return lambda a: torch.nn.functional.one_hot(torch.as_tensor(np.asarray(a) - start), n)
+    if leaf.start is not None and np.any(leaf.start != 0):
+        start = leaf.start
+        return lambda a: torch.as_tensor(np.asarray(a) - start, dtype=torch.int64)
+    if leaf.spec.kind in ("discrete", "multi_discrete"):
+        return lambda a: torch.as_tensor(np.asarray(a), dtype=torch.int64)
+    return lambda a: torch.from_numpy(np.asarray(a))
+
+
+def write_obs(leaves: list[Leaf], value: Any, out: dict[NestedKey, torch.Tensor], rows: Any = None) -> None:
+    """Copy a batched gymnasium observation into the preallocated tensors of ``out`` (in place).
+
+    ``rows`` (a boolean numpy mask) selects the env rows to write; ``None`` writes all rows.
+    """
+    for leaf in leaves:
+        t = leaf.convert(_get(value, leaf.path))
+        dst = out[leaf.key]
+        if rows is None:
+            dst.copy_(t.reshape(dst.shape))
+        else:
+            sel = torch.from_numpy(rows)
+            dst[sel] = t.reshape(dst.shape)[sel].to(dst.dtype)
+
+
+def write_row(leaves: list[Leaf], value: Any, out: dict[NestedKey, torch.Tensor], row: int) -> None:
+    """Copy one env's gymnasium observation into row ``row`` of the tensors of ``out``."""
+    for leaf in leaves:
+        dst = out[leaf.key][row]
+        dst.copy_(leaf.convert(_get(value, leaf.path)).reshape(dst.shape))
+
+
+def to_gym_action(leaves: list[Leaf], action: dict[NestedKey, torch.Tensor], single: bool) -> Any:
+    """Turn the action tensors into the value gymnasium's ``step`` expects."""
+
+    def leaf_value(leaf: Leaf) -> Any:
+        a = action[leaf.key].detach().cpu()
+        if leaf.spec.kind == "one_hot":
+            a = a.argmax(-1)
+        arr = a.numpy()
+        if leaf.start is not None:
+            arr = arr + leaf.start
+        if isinstance(leaf.space, spaces.Box):
+            arr = arr.astype(leaf.space.dtype, copy=False)
+        if single and isinstance(leaf.space, spaces.Discrete):
+            return int(arr)
+        return arr
+
+    if len(leaves) == 1 and leaves[0].path == ():
+        return leaf_value(leaves[0])
+    root: Any = None
+    for leaf in leaves:
+        root = _insert(root, leaf.path, leaf_value(leaf))
+    return _finalize(root)
+
+
+def _insert(node: Any, path: tuple[Any, ...], value: Any) -> Any:
+    if not path:
+        return value
+    if node is None:
+        node = {}
+    node[path[0]] = _insert(node.get(path[0]), path[1:], value)
+    return node
+
+
+def _finalize(node: Any) -> Any:
+    # Tuple spaces were recorded under int keys; gymnasium wants real tuples for them.
+    if isinstance(node, dict):
+        node = {k: _finalize(v) for k, v in node.items()}
+        if node and all(isinstance(k, int) for k in node):
+            return tuple(node[i] for i in range(len(node)))
+    return node

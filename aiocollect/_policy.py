@@ -1,0 +1,135 @@
+"""Policy adapter: one call signature for ``None``, plain ``nn.Module``s and TensorDict callables."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import InteractionType, TensorDictModuleBase, set_interaction_type
+
+from ._specs import EnvSpec, NestedKey
+
+__all__ = ["PolicyAdapter"]
+
+Outputs = dict[NestedKey, torch.Tensor]
+
+
+def _takes_tensordict(fn: Any) -> bool:
+    # TorchRL's rule: a module whose forward takes a single TensorDict-typed argument is a
+    # TensorDict policy even if it is not a TensorDictModule.
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    if len(params) != 1:
+        return False
+    ann = params[0].annotation
+    return ann in (TensorDict, TensorDictBase) or (isinstance(ann, str) and "TensorDict" in ann)
+
+
+class PolicyAdapter:
+    """Calls the user's policy on a dict of observation tensors and returns output tensors.
+
+    The adapter owns the device copy (made only when the parameters live elsewhere) and the
+    policy version. It never branches per step on the policy's kind: `__init__` picks `_call`.
+    """
+
+    def __init__(self, policy: Any, *, policy_device: torch.device | None, exploration_type: InteractionType) -> None:
+        self.original = policy
+        # Held around every policy call and weight update so an update never lands mid-forward.
+        self.lock = threading.Lock()
+        self.version = 0
+        self.exploration_type = exploration_type
+        self.device = policy_device
+        self.policy = self._maybe_copy(policy, policy_device)
+        self.is_random = policy is None
+        if policy is None:
+            self._call: Callable[[Outputs], Outputs] | None = None
+        elif isinstance(policy, torch.nn.Module) and not isinstance(policy, TensorDictModuleBase) and not (
+            _takes_tensordict(policy.forward)
+        ):
+            self._call = self._call_tensors
+        else:
+            self._call = self._call_tensordict
+
+    def bind(self, spec: EnvSpec) -> None:
+        """Learn the env's observation and action keys (called once the env exists)."""
+        self.spec = spec
+        self.obs_keys = list(spec.observation)
+        self.action_keys = list(spec.action)
+
+    @staticmethod
+    def _maybe_copy(policy: Any, device: torch.device | None) -> Any:
+        if device is None or not isinstance(policy, torch.nn.Module):
+            return policy
+        tensors = list(policy.parameters()) + list(policy.buffers())
+        if all(t.device == device for t in tensors):
+            return policy
+        # A copy on the policy device; update_policy_weights_() refreshes it from the original.
+        return copy.deepcopy(policy).to(device)
+
+    def _to_policy(self, t: torch.Tensor) -> torch.Tensor:
+        return t if self.device is None else t.to(self.device, non_blocking=True)
+
+    def _call_tensors(self, obs: Outputs) -> Outputs:
+        out = self.policy(*[self._to_policy(obs[k]) for k in self.obs_keys])
+        if len(self.action_keys) == 1:
+            return {self.action_keys[0]: out}
+        if isinstance(out, Mapping):
+            return dict(out)
+        return dict(zip(self.action_keys, out, strict=True))
+
+    def _call_tensordict(self, obs: Outputs) -> Outputs:
+        td = TensorDict({k: self._to_policy(v) for k, v in obs.items()}, batch_size=self.spec.batch_size)
+        result = self.policy(td)
+        result = td if result is None else result
+        return {k: v for k, v in result.items(include_nested=True, leaves_only=True) if k not in obs}
+
+    def __call__(self, obs: Outputs, versions: list[int]) -> Outputs:
+        """Run the policy without gradients under the configured interaction type.
+
+        Appends the policy version used to ``versions`` under the same lock as the call.
+        """
+        with self.lock, torch.no_grad(), set_interaction_type(self.exploration_type):
+            versions.append(self.version)
+            return self._call(obs)  # type: ignore[misc]
+
+    def check(self, out: Outputs) -> None:
+        """Validate the first output against the action spec (raises ``PolicyOutputError``)."""
+        from ._errors import PolicyOutputError
+
+        for key, spec in self.spec.action.items():
+            if key not in out:
+                raise PolicyOutputError(
+                    f"policy output must contain the action key {key!r}, got keys {sorted(map(str, out))}; "
+                    f"write the action under {key!r}"
+                )
+            spec.check(key, out[key], tuple(self.spec.batch_size))
+
+    def update_weights(self, weights: Any = None) -> None:
+        """Load ``weights`` (module, state dict or TensorDict) or refresh the device copy; bump the version."""
+        with self.lock:
+            self._update_weights(weights)
+
+    def _update_weights(self, weights: Any) -> None:
+        target = self.policy
+        if weights is not None:
+            if target is None or not isinstance(target, torch.nn.Module):
+                raise TypeError(
+                    f"explicit weights need an nn.Module policy, got {type(target).__name__}; "
+                    "call update_policy_weights_() without weights"
+                )
+            if isinstance(weights, torch.nn.Module):
+                weights = weights.state_dict()
+            if isinstance(weights, TensorDictBase):
+                weights.to_module(target)
+            else:
+                target.load_state_dict(weights)
+        elif target is not self.original and isinstance(target, torch.nn.Module):
+            target.load_state_dict(self.original.state_dict())
+        self.version += 1

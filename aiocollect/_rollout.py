@@ -1,0 +1,250 @@
+"""The rollout engine: steps one batched env with one policy into a preallocated batch.
+
+Storage is time-major (``[T, *B, ...]``) so each step writes one contiguous slice; `finish`
+moves time to the last batch dim while making the one copy the caller gets to keep.
+
+The engine is a small step machine (`begin`, `act`, `record`, `apply_reset`, `finish`) driven
+by two loops: `collect` runs in a worker thread for synchronous envs, `acollect` runs on the
+event loop for async envs (with the policy sent to a thread). Both loops share every method.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from ._envs import AsyncBatchedEnv, BatchedEnv, StepArrays
+from ._policy import PolicyAdapter
+from ._specs import ArraySpec, NestedKey
+
+__all__ = ["Interrupted", "Rollout", "TrajCounter"]
+
+
+class Interrupted(Exception):
+    """The collector asked the rollout to stop between two steps."""
+
+
+class TrajCounter:
+    """Hands out trajectory ids; one counter per collector so ids never repeat."""
+
+    def __init__(self, start: int = 0) -> None:
+        self.next = start
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> torch.Tensor:
+        with self._lock:
+            start, self.next = self.next, self.next + n
+        return torch.arange(start, start + n, dtype=torch.int64)
+
+
+def _nxt(key: NestedKey) -> tuple[str, ...]:
+    return ("next", key) if isinstance(key, str) else ("next", *key)
+
+
+class Rollout:
+    """Collects ``steps`` steps per batch from ``env`` with ``policy``."""
+
+    def __init__(
+        self,
+        env: BatchedEnv | AsyncBatchedEnv,
+        policy: PolicyAdapter,
+        *,
+        steps: int,
+        traj_counter: TrajCounter,
+        generator: torch.Generator,
+        max_frames_per_traj: int | None,
+        set_truncated: bool,
+        reset_at_each_iter: bool,
+        env_device: torch.device | None,
+        storing_device: torch.device | None,
+        track_traj_ids: bool,
+        stop: threading.Event,
+        worker_id: int = 0,
+    ) -> None:
+        self.env, self.policy, self.T = env, policy, steps
+        self.spec = env.spec
+        self.B = tuple(env.spec.batch_size)
+        self.nb = len(self.B)
+        self.counter, self.generator = traj_counter, generator
+        self.max_steps, self.set_truncated = max_frames_per_traj, set_truncated
+        self.reset_at_each_iter, self.track_traj_ids = reset_at_each_iter, track_traj_ids
+        self.env_device, self.storing_device, self.worker_id = env_device, storing_device, worker_id
+        self.stop = stop
+        self.obs: dict[NestedKey, torch.Tensor] = {}
+        self.traj_ids = torch.zeros(self.B, dtype=torch.int64)
+        self.step_count = torch.zeros(self.B, dtype=torch.int64)
+        self.needs_reset = True
+        self.seeds: list[int] | None = None
+        self.buf: dict[NestedKey, torch.Tensor] | None = None
+        self.extras: list[NestedKey] = []
+        self.checked = False
+        self.versions: list[int] = []
+
+    # -- state changes requested by the collector (applied at the next batch) --------------
+    def request_reset(self, seeds: list[int] | None = None) -> None:
+        self.needs_reset = True
+        if seeds is not None:
+            self.seeds = seeds
+
+    # -- step machine ------------------------------------------------------------------------
+    def pending_reset(self) -> bool:
+        return self.needs_reset or self.reset_at_each_iter
+
+    def apply_reset(self, reset_obs: dict[NestedKey, torch.Tensor], mask: torch.Tensor | None) -> None:
+        if mask is None:
+            self.obs = {k: v.clone() for k, v in reset_obs.items()}
+            self.traj_ids = self.counter.take(max(1, int(np.prod(self.B)))).reshape(self.B)
+            self.step_count.zero_()
+            self.needs_reset, self.seeds = False, None
+            return
+        # The carrier may alias a slice of the batch storage, so replace rather than write.
+        self.obs = {k: torch.where(_expand(mask, v), reset_obs[k], v) for k, v in self.obs.items()}
+        self.traj_ids = self.traj_ids.clone()
+        self.traj_ids[mask] = self.counter.take(int(mask.sum()))
+        self.step_count[mask] = 0
+
+    def _allocate(self, first: dict[NestedKey, torch.Tensor] | None) -> None:
+        T, B = self.T, self.B
+        specs: dict[NestedKey, ArraySpec] = dict(self.spec.observation)
+        specs.update(self.spec.action)
+        if first is not None:
+            self.extras = [k for k in first if k not in self.spec.action]
+            for k in self.extras:
+                v = first[k]
+                specs[k] = ArraySpec(tuple(v.shape[self.nb :]), v.dtype)
+        buf = {k: s.zeros((T, *B)) for k, s in specs.items()}
+        for k, s in self.spec.observation.items():
+            buf[_nxt(k)] = s.zeros((T, *B))
+        for k, dtype in (("reward", torch.float32), ("done", torch.bool), ("terminated", torch.bool), ("truncated", torch.bool)):
+            buf[("next", k)] = torch.zeros((T, *B, 1), dtype=dtype)
+        if self.track_traj_ids:
+            buf[("collector", "traj_ids")] = torch.zeros((T, *B), dtype=torch.int64)
+        if self.max_steps:
+            buf["step_count"] = torch.zeros((T, *B, 1), dtype=torch.int64)
+            buf[("next", "step_count")] = torch.zeros((T, *B, 1), dtype=torch.int64)
+        self.buf = buf
+
+    def begin(self, random: bool) -> None:
+        self.versions = []
+        if not random and not self.policy.is_random and not self.checked:
+            # Dry run on the real first observation: learns extra output keys and checks the
+            # action's shape and dtype before any frame is recorded.
+            first = self._policy(self.obs)
+            self.policy.check(first)
+            self.checked, self.versions = True, []
+            self._allocate(first)
+        elif self.buf is None:
+            self._allocate(None)
+        if random:
+            for k in self.extras:
+                self.buf[k].zero_()  # type: ignore[index]
+
+    def _policy(self, obs: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, torch.Tensor]:
+        return self.policy(obs, self.versions)
+
+    def act(self, t: int, random: bool) -> dict[NestedKey, torch.Tensor]:
+        if self.stop.is_set():
+            raise Interrupted
+        buf = self.buf
+        assert buf is not None
+        if random:
+            self.versions.append(self.policy.version)
+            out = {k: s.sample(self.generator, self.B) for k, s in self.spec.action.items()}
+        else:
+            out = self._policy(self.obs)
+        for k, v in self.obs.items():
+            buf[k][t].copy_(v)
+        for k, v in out.items():
+            buf[k][t].copy_(v)
+        if self.track_traj_ids:
+            buf[("collector", "traj_ids")][t].copy_(self.traj_ids)
+        if self.max_steps:
+            buf["step_count"][t].copy_(self.step_count.unsqueeze(-1))
+        action = {k: out[k] for k in self.spec.action}
+        if self.env_device is not None:
+            action = {k: v.to(self.env_device) for k, v in action.items()}
+        return action
+
+    def record(self, t: int, step: StepArrays) -> torch.Tensor | None:
+        obs, reward, term, trunc = step
+        buf = self.buf
+        assert buf is not None
+        for k, v in obs.items():
+            buf[_nxt(k)][t].copy_(v)
+        buf[("next", "reward")][t].copy_(reward.reshape(*self.B, 1))
+        if self.max_steps:
+            self.step_count += 1
+            buf[("next", "step_count")][t].copy_(self.step_count.unsqueeze(-1))
+            trunc = trunc | (self.step_count >= self.max_steps)
+        done = term | trunc
+        if self.set_truncated and t == self.T - 1:
+            # Marks the batch end as a truncation without resetting: the trajectory goes on.
+            trunc_rec = torch.ones_like(trunc)
+            done_rec = trunc_rec
+        else:
+            trunc_rec, done_rec = trunc, done
+        buf[("next", "terminated")][t].copy_(term.reshape(*self.B, 1))
+        buf[("next", "truncated")][t].copy_(trunc_rec.reshape(*self.B, 1))
+        buf[("next", "done")][t].copy_(done_rec.reshape(*self.B, 1))
+        # The next step's observation is this step's next observation: a view, no copy.
+        self.obs = {k: buf[_nxt(k)][t] for k in obs}
+        return done if bool(done.any()) else None
+
+    def finish(self) -> TensorDict:
+        buf = self.buf
+        assert buf is not None
+        out: dict[Any, torch.Tensor] = {}
+        dev = self.storing_device
+        for k, v in buf.items():
+            v = v.movedim(0, self.nb)
+            if dev is not None and v.device != dev:
+                out[k] = v.to(dev).contiguous()
+            else:
+                out[k] = v.clone(memory_format=torch.contiguous_format)
+        shape = (*self.B, self.T)
+        for k in ("done", "terminated", "truncated"):
+            out[k] = torch.zeros((*shape, 1), dtype=torch.bool, device=dev)
+        versions = torch.tensor(self.versions, dtype=torch.int64, device=dev)
+        out[("collector", "policy_version")] = versions.expand(shape).clone()
+        out[("collector", "worker_id")] = torch.full(shape, self.worker_id, dtype=torch.int64, device=dev)
+        td = TensorDict(out, batch_size=shape, device=dev)
+        td.refine_names(*([None] * self.nb), "time")
+        return td
+
+    # -- the two loops ---------------------------------------------------------------------
+    def collect(self, random: bool) -> TensorDict:
+        """Collect one batch (blocking; runs in a worker thread)."""
+        env = self.env
+        assert isinstance(env, BatchedEnv)
+        if self.pending_reset():
+            self.apply_reset(env._reset_arrays(None, self.seeds), None)
+        self.begin(random)
+        for t in range(self.T):
+            action = self.act(t, random)
+            done = self.record(t, env._step_arrays(action))
+            if done is not None:
+                self.apply_reset(env._reset_arrays(done, None), done)
+        return self.finish()
+
+    async def acollect(self, random: bool, run_sync: Callable[..., Awaitable[Any]]) -> TensorDict:
+        """Collect one batch from an async env on the event loop; the policy runs via ``run_sync``."""
+        env = self.env
+        assert isinstance(env, AsyncBatchedEnv)
+        if self.pending_reset():
+            self.apply_reset(await env._reset_arrays(None, self.seeds), None)
+        await run_sync(self.begin, random)
+        for t in range(self.T):
+            action = self.act(t, random) if random else await run_sync(self.act, t, random)
+            done = self.record(t, await env._step_arrays(action))
+            if done is not None:
+                self.apply_reset(await env._reset_arrays(done, None), done)
+        return await run_sync(self.finish)
+
+
+def _expand(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return mask.reshape(*mask.shape, *([1] * (like.dim() - mask.dim())))
