@@ -22,7 +22,6 @@ from ._envs import AsyncBatchedEnv
 from ._errors import CollectorClosedError
 from ._policy import PolicyAdapter
 from ._rollout import Rollout, TrajCounter
-from ._split import split_trajectories
 from ._stats import CollectorStats
 from ._threads import ThreadLane
 
@@ -192,8 +191,10 @@ class Collector:
         self._producer_scope.cancel()
         try:
             # The producer abandons its thread call on cancellation, so this returns at once;
-            # the thread itself is waited for (bounded) in aclose().
-            await self._tg.__aexit__(exc_type, exc, tb)
+            # the thread itself is waited for (bounded) in aclose(). The body's exception is
+            # not passed in: the task group would wrap it in an ExceptionGroup, and the
+            # producer never raises (its errors travel through the stream).
+            await self._tg.__aexit__(None, None, None)
         finally:
             self._recv.close()
             await self.aclose()
@@ -240,6 +241,8 @@ class Collector:
 
     def _post(self, batch: TensorDictBase) -> TensorDictBase:
         if self._cfg.split_trajs:
+            from ._split import split_trajectories
+
             batch = split_trajectories(batch, prefix="collector")
         if self._cfg.postproc is not None:
             batch = self._cfg.postproc(batch)

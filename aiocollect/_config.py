@@ -84,6 +84,14 @@ def _env_fn(value: Any) -> Any:
     )
 
 
+def _is_factory(value: Any) -> bool:
+    import gymnasium as gym
+
+    from ._envs import AsyncBatchedEnv, BatchedEnv
+
+    return callable(value) and not isinstance(value, (gym.Env, gym.vector.VectorEnv, BatchedEnv, AsyncBatchedEnv))
+
+
 def validate_config(
     *,
     create_env_fn: Any,
@@ -109,6 +117,8 @@ def validate_config(
 ) -> CollectorConfig:
     """Check every constructor argument; raise ``TypeError``/``ValueError`` naming rule, value and fix."""
     env_fn = _env_fn(create_env_fn)
+    if create_env_kwargs and not (isinstance(env_fn, str) or _is_factory(env_fn)):
+        raise ValueError("create_env_kwargs can only be used with an env id or a factory, not an env instance")
     if policy is not None and not callable(policy):
         raise TypeError(f"policy must be None, an nn.Module or a callable, got {policy!r}")
     fpb = _int("frames_per_batch", frames_per_batch, minimum=1)
