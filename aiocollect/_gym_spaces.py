@@ -111,10 +111,10 @@ def write_obs(leaves: list[Leaf], value: Any, out: dict[NestedKey, torch.Tensor]
     ``rows`` (a boolean numpy mask) selects the env rows to write; ``None`` writes all rows.
     """
     for leaf in leaves:
-        t = leaf.convert(_get(value, leaf.path))
+        t = leaf.convert(_get(value, leaf.path) if leaf.path else value)
         dst = out[leaf.key]
         if rows is None:
-            dst.copy_(t.reshape(dst.shape))
+            dst.copy_(t if t.shape == dst.shape else t.reshape(dst.shape))
         else:
             sel = torch.from_numpy(rows)
             dst[sel] = t.reshape(dst.shape)[sel].to(dst.dtype)

@@ -86,16 +86,19 @@ class PolicyAdapter:
 
     def _call_tensordict(self, obs: Outputs) -> Outputs:
         td = TensorDict({k: self._to_policy(v) for k, v in obs.items()}, batch_size=self.spec.batch_size)
-        result = self.policy(td)
+        # Only TensorDict policies read the interaction type (plain modules cannot), so only
+        # they pay for setting it.
+        with set_interaction_type(self.exploration_type):
+            result = self.policy(td)
         result = td if result is None else result
         return {k: v for k, v in result.items(include_nested=True, leaves_only=True) if k not in obs}
 
     def __call__(self, obs: Outputs, versions: list[int]) -> Outputs:
-        """Run the policy without gradients under the configured interaction type.
+        """Run the policy without gradients (TensorDict policies under the interaction type).
 
         Appends the policy version used to ``versions`` under the same lock as the call.
         """
-        with self.lock, torch.no_grad(), set_interaction_type(self.exploration_type):
+        with self.lock, torch.no_grad():
             versions.append(self.version)
             return self._call(obs)  # type: ignore[misc]
 

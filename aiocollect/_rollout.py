@@ -81,6 +81,7 @@ class Rollout:
         self.needs_reset = True
         self.seeds: list[int] | None = None
         self.buf: dict[NestedKey, torch.Tensor] | None = None
+        self.flat: dict[str, torch.Tensor] = {}
         self.extras: list[NestedKey] = []
         self.checked = False
         self.versions: list[int] = []
@@ -128,6 +129,11 @@ class Rollout:
             buf["step_count"] = torch.zeros((T, *B, 1), dtype=torch.int64)
             buf[("next", "step_count")] = torch.zeros((T, *B, 1), dtype=torch.int64)
         self.buf = buf
+        # [T, *B] views of the [T, *B, 1] entries, so per-step writes need no reshape.
+        self.flat = {k: buf[("next", k)].squeeze(-1) for k in ("reward", "done", "terminated", "truncated")}
+        if self.max_steps:
+            self.flat["step_count"] = buf["step_count"].squeeze(-1)
+            self.flat["next_step_count"] = buf[("next", "step_count")].squeeze(-1)
 
     def begin(self, random: bool) -> None:
         self.versions = []
@@ -164,7 +170,7 @@ class Rollout:
         if self.track_traj_ids:
             buf[("collector", "traj_ids")][t].copy_(self.traj_ids)
         if self.max_steps:
-            buf["step_count"][t].copy_(self.step_count.unsqueeze(-1))
+            self.flat["step_count"][t].copy_(self.step_count)
         action = {k: out[k] for k in self.spec.action}
         if self.env_device is not None:
             action = {k: v.to(self.env_device) for k, v in action.items()}
@@ -172,25 +178,24 @@ class Rollout:
 
     def record(self, t: int, step: StepArrays) -> torch.Tensor | None:
         obs, reward, term, trunc = step
-        buf = self.buf
+        buf, flat = self.buf, self.flat
         assert buf is not None
         for k, v in obs.items():
             buf[_nxt(k)][t].copy_(v)
-        buf[("next", "reward")][t].copy_(reward.reshape(*self.B, 1))
+        flat["reward"][t].copy_(reward)
         if self.max_steps:
             self.step_count += 1
-            buf[("next", "step_count")][t].copy_(self.step_count.unsqueeze(-1))
+            flat["next_step_count"][t].copy_(self.step_count)
             trunc = trunc | (self.step_count >= self.max_steps)
         done = term | trunc
+        flat["terminated"][t].copy_(term)
         if self.set_truncated and t == self.T - 1:
             # Marks the batch end as a truncation without resetting: the trajectory goes on.
-            trunc_rec = torch.ones_like(trunc)
-            done_rec = trunc_rec
+            flat["truncated"][t].fill_(True)
+            flat["done"][t].fill_(True)
         else:
-            trunc_rec, done_rec = trunc, done
-        buf[("next", "terminated")][t].copy_(term.reshape(*self.B, 1))
-        buf[("next", "truncated")][t].copy_(trunc_rec.reshape(*self.B, 1))
-        buf[("next", "done")][t].copy_(done_rec.reshape(*self.B, 1))
+            flat["truncated"][t].copy_(trunc)
+            flat["done"][t].copy_(done)
         # The next step's observation is this step's next observation: a view, no copy.
         self.obs = {k: buf[_nxt(k)][t] for k in obs}
         return done if bool(done.any()) else None
