@@ -22,6 +22,7 @@ from ._envs import AsyncBatchedEnv
 from ._errors import CollectorClosedError
 from ._policy import PolicyAdapter
 from ._rollout import Rollout, TrajCounter
+from ._seeding import SeedPlan, check_seed
 from ._stats import CollectorStats
 from ._threads import ThreadLane
 
@@ -131,7 +132,7 @@ class Collector:
         self._counter = TrajCounter()
         self._generator = torch.Generator()
         self._generator.seed()
-        self._env_seeds: np.random.SeedSequence | None = None
+        self._seed_plan: SeedPlan | None = None
         self._lane = ThreadLane()
         self._env: Any = None
         self._rollout: Rollout | None = None
@@ -335,21 +336,16 @@ class Collector:
         Returns:
             A new seed derived from ``seed``, to seed another collector independently.
         """
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
-        env_ss, action_ss, torch_ss, next_ss = np.random.SeedSequence(seed).spawn(4)
-        self._generator.manual_seed(int(action_ss.generate_state(1)[0]))
-        torch.manual_seed(int(torch_ss.generate_state(1)[0]))
-        self._env_seeds = env_ss
+        plan = SeedPlan(np.random.SeedSequence(check_seed(seed)))
+        plan.apply_rngs(self._generator)
+        self._seed_plan = plan
         self._apply_seeds()
-        return int(next_ss.generate_state(1)[0])
+        return plan.next_seed()
 
     def _apply_seeds(self) -> None:
-        if self._rollout is not None and self._env_seeds is not None:
-            n = max(1, self._rollout.spec.numel)
-            seeds = [int(s.generate_state(1)[0]) for s in self._env_seeds.spawn(n)]
-            self._rollout.request_reset(seeds)
-            self._env_seeds = None
+        if self._rollout is not None and self._seed_plan is not None:
+            self._rollout.request_reset(self._seed_plan.env_seeds(max(1, self._rollout.spec.numel)))
+            self._seed_plan = None
 
     def reset(self) -> None:
         """Reset every env (with fresh trajectory ids) at the start of the next batch."""

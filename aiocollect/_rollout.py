@@ -30,16 +30,20 @@ class Interrupted(Exception):
 
 
 class TrajCounter:
-    """Hands out trajectory ids; one counter per collector so ids never repeat."""
+    """Hands out trajectory ids ``start, start + stride, ...``.
 
-    def __init__(self, start: int = 0) -> None:
-        self.next = start
+    Worker ``w`` of ``W`` counts with ``start=w, stride=W``: ids are unique across workers
+    without any shared state, and do not depend on timing (so seeded runs are reproducible).
+    """
+
+    def __init__(self, start: int = 0, stride: int = 1) -> None:
+        self.next, self.stride = start, stride
         self._lock = threading.Lock()
 
     def take(self, n: int) -> torch.Tensor:
         with self._lock:
-            start, self.next = self.next, self.next + n
-        return torch.arange(start, start + n, dtype=torch.int64)
+            start, self.next = self.next, self.next + n * self.stride
+        return torch.arange(start, start + n * self.stride, self.stride, dtype=torch.int64)
 
 
 def _nxt(key: NestedKey) -> tuple[str, ...]:
@@ -84,6 +88,7 @@ class Rollout:
         self.flat: dict[str, torch.Tensor] = {}
         self.extras: list[NestedKey] = []
         self.checked = False
+        self.steps_done = 0  # for error reports: the step at which an env or policy failed
         self.versions: list[int] = []
 
     # -- state changes requested by the collector (applied at the next batch) --------------
@@ -200,30 +205,43 @@ class Rollout:
         self.obs = {k: buf[_nxt(k)][t] for k in obs}
         return done if bool(done.any()) else None
 
-    def finish(self) -> TensorDict:
+    def output_layout(self) -> list[tuple[Any, tuple[int, ...], torch.dtype]]:
+        """Keys, shapes and dtypes of the batches `finish` produces (buffers must exist)."""
+        assert self.buf is not None
+        shape = (*self.B, self.T)
+        layout = [(k, (*shape, *v.shape[1 + self.nb :]), v.dtype) for k, v in self.buf.items()]
+        layout += [(k, (*shape, 1), torch.bool) for k in ("done", "terminated", "truncated")]
+        layout += [(("collector", "policy_version"), shape, torch.int64), (("collector", "worker_id"), shape, torch.int64)]
+        return layout
+
+    def finish(self, out: dict[Any, torch.Tensor] | None = None) -> TensorDict:
+        """Copy the batch out of the time-major storage, into ``out`` if given (e.g. a shared slot)."""
         buf = self.buf
         assert buf is not None
-        out: dict[Any, torch.Tensor] = {}
         dev = self.storing_device
+        if out is None:
+            out = {k: torch.empty(shape, dtype=dtype, device=dev) for k, shape, dtype in self.output_layout()}
         for k, v in buf.items():
-            v = v.movedim(0, self.nb)
-            if dev is not None and v.device != dev:
-                out[k] = v.to(dev).contiguous()
-            else:
-                out[k] = v.clone(memory_format=torch.contiguous_format)
-        shape = (*self.B, self.T)
+            out[k].copy_(v.movedim(0, self.nb))
         for k in ("done", "terminated", "truncated"):
-            out[k] = torch.zeros((*shape, 1), dtype=torch.bool, device=dev)
-        versions = torch.tensor(self.versions, dtype=torch.int64, device=dev)
-        out[("collector", "policy_version")] = versions.expand(shape).clone()
-        out[("collector", "worker_id")] = torch.full(shape, self.worker_id, dtype=torch.int64, device=dev)
-        td = TensorDict(out, batch_size=shape, device=dev)
+            out[k].zero_()
+        out[("collector", "policy_version")].copy_(torch.tensor(self.versions, dtype=torch.int64))
+        out[("collector", "worker_id")].fill_(self.worker_id)
+        td = TensorDict(out, batch_size=(*self.B, self.T), device=dev)
         td.refine_names(*([None] * self.nb), "time")
         return td
 
     # -- the two loops ---------------------------------------------------------------------
-    def collect(self, random: bool) -> TensorDict:
-        """Collect one batch (blocking; runs in a worker thread)."""
+    def prepare(self) -> None:
+        """Reset and allocate now (with the policy dry run), so `output_layout` is known."""
+        env = self.env
+        assert isinstance(env, BatchedEnv)
+        if self.pending_reset():
+            self.apply_reset(env._reset_arrays(None, self.seeds), None)
+        self.begin(self.policy.is_random)
+
+    def collect(self, random: bool, out: dict[Any, torch.Tensor] | None = None) -> TensorDict:
+        """Collect one batch (blocking; runs in a worker thread or process)."""
         env = self.env
         assert isinstance(env, BatchedEnv)
         if self.pending_reset():
@@ -232,9 +250,10 @@ class Rollout:
         for t in range(self.T):
             action = self.act(t, random)
             done = self.record(t, env._step_arrays(action))
+            self.steps_done += 1
             if done is not None:
                 self.apply_reset(env._reset_arrays(done, None), done)
-        return self.finish()
+        return self.finish(out)
 
     async def acollect(self, random: bool, run_sync: Callable[..., Awaitable[Any]]) -> TensorDict:
         """Collect one batch from an async env on the event loop; the policy runs via ``run_sync``."""
@@ -246,6 +265,7 @@ class Rollout:
         for t in range(self.T):
             action = self.act(t, random) if random else await run_sync(self.act, t, random)
             done = self.record(t, await env._step_arrays(action))
+            self.steps_done += 1
             if done is not None:
                 self.apply_reset(await env._reset_arrays(done, None), done)
         return await run_sync(self.finish)

@@ -1,0 +1,101 @@
+"""Shared pytest configuration for the aiocollect test suite.
+
+* ``anyio_backend``: async tests are written for the anyio pytest plugin
+  (``@pytest.mark.anyio``). They run under plain asyncio by default; a test (or class,
+  or module via ``pytestmark``) marked ``@pytest.mark.all_backends`` runs under asyncio,
+  asyncio with uvloop, and trio.
+* ``no_leaks``: autouse; fails a test that leaves behind a thread, a child process, a
+  ``/dev/shm`` entry or more than a few file descriptors (see ``tests/_leaks.py``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+try:  # works whether or not tests/ is a package
+    from ._leaks import find_leaks, take_snapshot, wait_for_no_leaks
+except ImportError:
+    from _leaks import find_leaks, take_snapshot, wait_for_no_leaks
+
+_HAVE_UVLOOP = sys.platform != "win32" and importlib.util.find_spec("uvloop") is not None
+_HAVE_TRIO = importlib.util.find_spec("trio") is not None
+
+DEFAULT_BACKEND = pytest.param(("asyncio", {}), id="asyncio")
+ALL_BACKENDS = [
+    DEFAULT_BACKEND,
+    pytest.param(
+        ("asyncio", {"use_uvloop": True}),
+        id="uvloop",
+        marks=pytest.mark.skipif(not _HAVE_UVLOOP, reason="uvloop is not installed"),
+    ),
+    pytest.param(
+        "trio",
+        id="trio",
+        marks=pytest.mark.skipif(not _HAVE_TRIO, reason="trio is not installed"),
+    ),
+]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Also declared in pyproject.toml; repeated here so the markers exist even when
+    # pytest is pointed at this directory with another config file.
+    config.addinivalue_line("markers", "slow: long-running test")
+    config.addinivalue_line("markers", "cuda: needs a CUDA device")
+    config.addinivalue_line(
+        "markers",
+        "all_backends: run an anyio test under asyncio, asyncio+uvloop and trio",
+    )
+
+
+def _parametrizes(metafunc: pytest.Metafunc, argname: str) -> bool:
+    for marker in metafunc.definition.iter_markers("parametrize"):
+        names = marker.args[0] if marker.args else marker.kwargs.get("argnames", ())
+        if isinstance(names, str):
+            names = [n.strip() for n in names.split(",")]
+        if argname in names:
+            return True
+    return False
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    # The anyio plugin adds ``anyio_backend`` to every test marked ``anyio``; a test
+    # that parametrizes it explicitly keeps its own parameters.
+    if "anyio_backend" not in metafunc.fixturenames or _parametrizes(metafunc, "anyio_backend"):
+        return
+    if metafunc.definition.get_closest_marker("all_backends") is not None:
+        params = ALL_BACKENDS
+    else:
+        params = [DEFAULT_BACKEND]
+    # Module scope, like the anyio plugin's own fixture, so module-scoped async
+    # fixtures keep working.
+    metafunc.parametrize("anyio_backend", params, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
+def anyio_backend(request: pytest.FixtureRequest) -> object:
+    """The anyio backend (name, or ``(name, options)``) of the running test."""
+    return getattr(request, "param", ("asyncio", {}))
+
+
+#: Grace period for threads and child processes to finish after a test (seconds).
+LEAK_TIMEOUT = float(os.environ.get("AIOCOLLECT_TEST_LEAK_TIMEOUT", "5"))
+
+
+@pytest.fixture(autouse=True)
+def no_leaks() -> Iterator[None]:
+    """Fail the test if it leaves threads, child processes, /dev/shm entries or fds behind.
+
+    Threads and child processes get up to ``LEAK_TIMEOUT`` (5 s) after the test to finish
+    on their own; whatever is still there then is reported as an error at teardown.
+    """
+    before = take_snapshot()
+    yield
+    after = wait_for_no_leaks(before, timeout=LEAK_TIMEOUT)
+    problems = find_leaks(before, after)
+    if problems:
+        pytest.fail("resources leaked by the test:\n  " + "\n  ".join(problems), pytrace=False)
