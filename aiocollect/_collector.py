@@ -3,40 +3,29 @@
 from __future__ import annotations
 
 import math
-import os
 import time
 import warnings
-from types import TracebackType
 from typing import Any
 
 import anyio
 import anyio.to_thread
 import numpy as np
 import torch
-from anyio.abc import TaskGroup
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
 from ._config import make_env, validate_config
 from ._envs import AsyncBatchedEnv
-from ._errors import CollectorClosedError
+from ._lifecycle import CollectorLifecycle
 from ._policy import PolicyAdapter
 from ._rollout import Rollout, TrajCounter
 from ._seeding import SeedPlan, check_seed
-from ._stats import CollectorStats
 from ._threads import ThreadLane
 
 __all__ = ["Collector"]
 
 
-class _Failure:
-    """An exception travelling from the producer task to the consumer through the stream."""
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
-
-
-class Collector:
+class Collector(CollectorLifecycle):
     """Collect batches of experience from environments in this process, without blocking the loop.
 
     Env stepping and policy inference run in a worker thread (or, for an `AsyncBatchedEnv`,
@@ -136,12 +125,7 @@ class Collector:
         self._lane = ThreadLane()
         self._env: Any = None
         self._rollout: Rollout | None = None
-        self._frames = 0
-        self._batches = 0
-        self._collect_time = 0.0
-        self._closed = False
-        self._tg: TaskGroup | None = None
-        self._producer_scope: anyio.CancelScope | None = None
+        self._init_lifecycle(cfg.total_frames, cfg.frames_per_batch, cfg.max_queued_batches)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def _build(self) -> None:
@@ -162,83 +146,34 @@ class Collector:
         self._env = env
         self._apply_seeds()
 
-    async def _ensure_started(self) -> Rollout:
-        if self._closed:
-            raise CollectorClosedError("this Collector was shut down; create a new one")
-        if self._rollout is None:
-            await self._lane.run(self._build)
-        assert self._rollout is not None
-        return self._rollout
+    async def _start(self) -> None:
+        await self._lane.run(self._build)
 
-    async def __aenter__(self) -> Collector:
-        if self._tg is not None:
-            raise RuntimeError("this Collector is already open; 'async with' it only once")
-        await self._ensure_started()
-        n = self._cfg.max_queued_batches
-        self._send, self._recv = anyio.create_memory_object_stream[Any](n + 1)
-        self._demand = anyio.Semaphore(n)
-        self._producer_scope = anyio.CancelScope()
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
-        self._tg.start_soon(self._produce)
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> bool | None:
-        assert self._tg is not None
+    def _stop_requested(self) -> None:
         self._lane.stop.set()
-        assert self._producer_scope is not None
-        self._producer_scope.cancel()
-        try:
-            # The producer abandons its thread call on cancellation, so this returns at once;
-            # the thread itself is waited for (bounded) in aclose(). The body's exception is
-            # not passed in: the task group would wrap it in an ExceptionGroup, and the
-            # producer never raises (its errors travel through the stream).
-            await self._tg.__aexit__(None, None, None)
-        finally:
-            self._recv.close()
-            await self.aclose()
-        return None
 
-    async def aclose(self) -> None:
-        """Stop collecting and close the env. Idempotent.
-
-        Waits at most ``shutdown_timeout`` seconds for an env step in progress; an env stuck
-        past that is left open with a ``RuntimeWarning`` rather than closed under its feet.
-        """
-        if self._closed:
-            return
-        self._closed = True
-        self._lane.stop.set()
-        # Only the producer is cancelled: the tg's own scope also covers the user's
-        # 'async with' body, which aclose() must not cancel.
-        if self._producer_scope is not None:
-            self._producer_scope.cancel()
+    async def _close_resources(self) -> None:
         env, self._env, self._rollout = self._env, None, None
         if env is None:
             return
         timeout = self._cfg.shutdown_timeout
-        with anyio.CancelScope(shield=True), anyio.move_on_after(timeout * 2):
+        with anyio.move_on_after(timeout * 2):
             if await self._lane.wait_idle(timeout):
                 await anyio.to_thread.run_sync(env.close)
                 return
         warnings.warn(
             f"an env step did not return within shutdown_timeout={timeout}s; the env was left open",
             RuntimeWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
 
-    def __del__(self) -> None:
-        if getattr(self, "_env", None) is not None and not self._closed:
-            self._lane.stop.set()
-            warnings.warn(f"unclosed {self!r}; use 'async with' or call aclose()", ResourceWarning, stacklevel=1)
-            if self._lane.idle:
-                self._env.close()
+    def _close_now(self) -> None:
+        env, self._env = self._env, None
+        if env is not None and self._lane.idle:
+            env.close()
 
-    # -- iteration -----------------------------------------------------------------------------
-    def _exhausted(self) -> bool:
-        return self._frames >= self._cfg.total_frames
+    def _policy_version(self) -> int:
+        return self._policy.version
 
     def _post(self, batch: TensorDictBase) -> TensorDictBase:
         if self._cfg.split_trajs:
@@ -250,59 +185,19 @@ class Collector:
         return batch
 
     async def _collect_one(self) -> TensorDictBase:
-        rollout = await self._ensure_started()
+        await self._ensure_started()
+        rollout = self._rollout
+        assert rollout is not None
         random = self._policy.is_random or self._frames < self._cfg.init_random_frames
         start = time.perf_counter()
         if isinstance(rollout.env, AsyncBatchedEnv):
             batch = await rollout.acollect(random, self._lane.run)
         else:
             batch = await self._lane.run(rollout.collect, random)
-        self._collect_time += time.perf_counter() - start
-        self._frames += batch.numel()
-        self._batches += 1
+        self._count(batch.numel(), time.perf_counter() - start)
         if self._cfg.split_trajs or self._cfg.postproc is not None:
             batch = await self._lane.run(self._post, batch)
         return batch
-
-    async def _produce(self) -> None:
-        try:
-            with self._producer_scope:  # type: ignore[union-attr]
-                while not self._exhausted():
-                    await self._demand.acquire()
-                    await self._send.send(await self._collect_one())
-        except Exception as exc:  # noqa: BLE001 - delivered to the consumer, never dropped
-            try:
-                await self._send.send(_Failure(exc))
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                pass
-        finally:
-            self._send.close()
-
-    def __aiter__(self) -> Collector:
-        return self
-
-    async def __anext__(self) -> TensorDictBase:
-        if self._tg is not None:
-            if self._closed:
-                raise StopAsyncIteration
-            self._demand.release()
-            try:
-                item = await self._recv.receive()
-            except (anyio.EndOfStream, anyio.ClosedResourceError):
-                raise StopAsyncIteration from None
-            if isinstance(item, _Failure):
-                raise item.exc
-            return item
-        if self._exhausted():
-            await self.aclose()
-            raise StopAsyncIteration
-        if self._closed:
-            raise CollectorClosedError("this Collector was shut down; create a new one")
-        try:
-            return await self._collect_one()
-        except Exception:
-            await self.aclose()
-            raise
 
     # -- control -------------------------------------------------------------------------------
     async def update_policy_weights_(self, policy_or_weights: Any = None, *, weights: Any = None) -> None:
@@ -375,30 +270,3 @@ class Collector:
         self._policy.version = int(state_dict["policy_version"])
         self._generator.set_state(state_dict["generator_state"])
         self.reset()
-
-    def stats(self) -> CollectorStats:
-        """Return a `CollectorStats` snapshot (frames, batches, frames/s, policy version)."""
-        total = self._cfg.total_frames
-        return CollectorStats(
-            frames=self._frames,
-            batches=self._batches,
-            total_frames=None if math.isinf(total) else int(total),
-            frames_per_second=self._frames / self._collect_time if self._collect_time else 0.0,
-            policy_version=self._policy.version,
-            completed=self._exhausted(),
-        )
-
-    def __len__(self) -> int:
-        total = self._cfg.total_frames
-        if math.isinf(total):
-            raise TypeError("len() is undefined for an endless collector (total_frames=-1)")
-        return math.ceil(total / self._cfg.frames_per_batch)
-
-    def __repr__(self) -> str:
-        total = self._cfg.total_frames
-        budget = "endless" if math.isinf(total) else int(total)
-        state = "closed" if self._closed else "open" if self._env is not None else "not started"
-        return (
-            f"<{type(self).__name__} [{state} | frames: {self._frames}/{budget} | batches: {self._batches} "
-            f"| policy v{self._policy.version} | pid {os.getpid()}]>"
-        )

@@ -1,0 +1,214 @@
+"""What every async collector shares: ``async with`` ownership, the batch stream, shutdown.
+
+A subclass provides four hooks: ``_start`` (build envs or workers), ``_collect_one`` (one
+batch), ``_close_resources`` (async, bounded teardown) and ``_close_now`` (best effort from
+``__del__``). Everything else, including how batches reach ``async for``, lives here once.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from types import TracebackType
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+from tensordict import TensorDictBase
+
+from ._errors import CollectorClosedError
+from ._stats import CollectorStats
+
+__all__ = ["CollectorLifecycle"]
+
+
+class _Failure:
+    """An exception travelling from the producer task to the consumer through the stream."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+class CollectorLifecycle:
+    """Base of the async collectors (not public): lifecycle, iteration and statistics."""
+
+    _total_frames: float
+    _max_queued_batches: int
+    _frames_per_batch: int
+
+    def _init_lifecycle(self, total_frames: float, frames_per_batch: int, max_queued_batches: int) -> None:
+        self._total_frames = total_frames
+        self._frames_per_batch = frames_per_batch
+        self._max_queued_batches = max_queued_batches
+        self._frames = 0
+        self._batches = 0
+        self._collect_time = 0.0
+        self._closed = False
+        self._started = False
+        self._tg: TaskGroup | None = None
+        self._producer_scope: anyio.CancelScope | None = None
+
+    # -- hooks -------------------------------------------------------------------------------
+    async def _start(self) -> None:
+        raise NotImplementedError
+
+    async def _collect_one(self) -> TensorDictBase:
+        raise NotImplementedError
+
+    async def _close_resources(self) -> None:
+        raise NotImplementedError
+
+    def _close_now(self) -> None:
+        raise NotImplementedError
+
+    def _policy_version(self) -> int:
+        raise NotImplementedError
+
+    def _stop_requested(self) -> None:
+        """Called first on shutdown, synchronously: tell running work to stop."""
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def _ensure_started(self) -> None:
+        if self._closed:
+            raise CollectorClosedError(f"this {type(self).__name__} was shut down; create a new one")
+        if not self._started:
+            await self._start()
+            self._started = True
+
+    async def __aenter__(self) -> Any:
+        if self._tg is not None:
+            raise RuntimeError(f"this {type(self).__name__} is already open; 'async with' it only once")
+        try:
+            await self._ensure_started()
+        except BaseException:
+            await self.aclose()
+            raise
+        n = self._max_queued_batches
+        self._send, self._recv = anyio.create_memory_object_stream[Any](n + 1)
+        self._demand = anyio.Semaphore(n)
+        self._producer_scope = anyio.CancelScope()
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._tg.start_soon(self._produce)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        assert self._tg is not None and self._producer_scope is not None
+        self._stop_requested()
+        self._producer_scope.cancel()
+        try:
+            # The producer never blocks on cancellation (thread calls are abandoned, worker
+            # waits are fd waits), so this returns at once. The body's exception is not
+            # passed in: the task group would wrap it in an ExceptionGroup, and the producer
+            # never raises (its errors travel through the stream).
+            await self._tg.__aexit__(None, None, None)
+        finally:
+            self._recv.close()
+            await self.aclose()
+        return None
+
+    async def aclose(self) -> None:
+        """Stop collecting and release every resource (envs, threads, workers). Idempotent.
+
+        Teardown is shielded from cancellation and bounded by ``shutdown_timeout``.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._stop_requested()
+        # Only the producer is cancelled: the task group's own scope also covers the user's
+        # 'async with' body, which aclose() must not cancel.
+        if self._producer_scope is not None:
+            self._producer_scope.cancel()
+        with anyio.CancelScope(shield=True):
+            await self._close_resources()
+
+    def __del__(self) -> None:
+        if getattr(self, "_started", False) and not self._closed:
+            self._closed = True
+            self._stop_requested()
+            warnings.warn(f"unclosed {self!r}; use 'async with' or call aclose()", ResourceWarning, stacklevel=1)
+            self._close_now()
+
+    # -- iteration ---------------------------------------------------------------------------
+    def _exhausted(self) -> bool:
+        return self._frames >= self._total_frames
+
+    async def _produce(self) -> None:
+        try:
+            with self._producer_scope:  # type: ignore[union-attr]
+                while not self._exhausted():
+                    await self._demand.acquire()
+                    await self._send.send(await self._collect_one())
+        except Exception as exc:  # noqa: BLE001 - delivered to the consumer, never dropped
+            try:
+                await self._send.send(_Failure(exc))
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass
+        finally:
+            self._send.close()
+
+    def __aiter__(self) -> Any:
+        return self
+
+    async def __anext__(self) -> TensorDictBase:
+        if self._tg is not None:
+            if self._closed:
+                raise StopAsyncIteration
+            self._demand.release()
+            try:
+                item = await self._recv.receive()
+            except (anyio.EndOfStream, anyio.ClosedResourceError):
+                raise StopAsyncIteration from None
+            if isinstance(item, _Failure):
+                raise item.exc
+            return item
+        if self._exhausted():
+            await self.aclose()
+            raise StopAsyncIteration
+        if self._closed:
+            raise CollectorClosedError(f"this {type(self).__name__} was shut down; create a new one")
+        try:
+            return await self._collect_one()
+        except Exception:
+            await self.aclose()
+            raise
+
+    # -- reporting ---------------------------------------------------------------------------
+    def _count(self, frames: int, seconds: float) -> None:
+        self._frames += frames
+        self._batches += 1
+        self._collect_time += seconds
+
+    def stats(self) -> CollectorStats:
+        """Return a `CollectorStats` snapshot (frames, batches, frames/s, policy version)."""
+        total = self._total_frames
+        return CollectorStats(
+            frames=self._frames,
+            batches=self._batches,
+            total_frames=None if math.isinf(total) else int(total),
+            frames_per_second=self._frames / self._collect_time if self._collect_time else 0.0,
+            policy_version=self._policy_version(),
+            completed=self._exhausted(),
+        )
+
+    def __len__(self) -> int:
+        total = self._total_frames
+        if math.isinf(total):
+            raise TypeError("len() is undefined for an endless collector (total_frames=-1)")
+        return math.ceil(total / self._frames_per_batch)
+
+    def _repr_extra(self) -> str:
+        return f"pid {os.getpid()}"
+
+    def __repr__(self) -> str:
+        total = self._total_frames
+        budget = "endless" if math.isinf(total) else int(total)
+        state = "closed" if self._closed else "open" if self._started else "not started"
+        return (
+            f"<{type(self).__name__} [{state} | frames: {self._frames}/{budget} | batches: {self._batches} "
+            f"| policy v{self._policy_version()} | {self._repr_extra()}]>"
+        )
