@@ -18,18 +18,25 @@ from ._errors import WorkerCrashedError as WorkerCrashedError
 from ._errors import WorkerError as WorkerError
 from ._errors import WouldBlock as WouldBlock
 from ._gym import wrap_gymnasium as wrap_gymnasium
+from ._multi import AsyncCollector as AsyncCollector
+from ._multi import MultiAsyncCollector as MultiAsyncCollector
+from ._multi import MultiSyncCollector as MultiSyncCollector
 from ._pool import AsyncEnvPool as AsyncEnvPool
 from ._specs import ArraySpec as ArraySpec
 from ._specs import EnvSpec as EnvSpec
 from ._split import split_trajectories as split_trajectories
 from ._stats import CollectorStats as CollectorStats
 from ._version import __version__ as __version__
+from .blocking import AsyncCollector as aSyncDataCollector
 from .blocking import Collector as SyncDataCollector
+from .blocking import MultiAsyncCollector as MultiaSyncDataCollector
+from .blocking import MultiSyncCollector as MultiSyncDataCollector
 
 __all__ = (
     "AiocollectError",
     "ArraySpec",
     "AsyncBatchedEnv",
+    "AsyncCollector",
     "AsyncEnvPool",
     "BatchedEnv",
     "Collector",
@@ -37,11 +44,16 @@ __all__ = (
     "CollectorStats",
     "DataCollectorBase",
     "EnvSpec",
+    "MultiAsyncCollector",
+    "MultiSyncCollector",
+    "MultiSyncDataCollector",
+    "MultiaSyncDataCollector",
     "PolicyOutputError",
     "SyncDataCollector",
     "WorkerCrashedError",
     "WorkerError",
     "WouldBlock",
+    "aSyncDataCollector",
     "split_trajectories",
     "wrap_gymnasium",
 )

@@ -48,9 +48,15 @@ class WorkerError(AiocollectError):
 
 
 class WorkerCrashedError(AiocollectError):
-    """Raised when a worker process dies without reporting an error (signal, ``os._exit``)."""
+    """Raised when a worker process dies without reporting an error (signal, ``os._exit``).
 
-    def __init__(self, worker_id: int, pid: int | None, exitcode: int | None) -> None:
+    Attributes:
+        worker_id: Index of the worker that died.
+        pid: Its process id.
+        exitcode: Its exit code (negative: the signal that killed it).
+    """
+
+    def __init__(self, worker_id: int, pid: int | None, exitcode: int | None, *, during_startup: bool = False) -> None:
         self.worker_id = worker_id
         self.pid = pid
         self.exitcode = exitcode
@@ -63,4 +69,42 @@ class WorkerCrashedError(AiocollectError):
                 how = f"killed by signal {-exitcode}"
         else:
             how = f"exited with code {exitcode}"
-        super().__init__(f"worker {worker_id} (pid {pid}) {how}")
+        hint = ""
+        if during_startup:
+            hint = (
+                " during startup; if the main module creates the collector at import time, "
+                "guard that code with `if __name__ == \"__main__\":`"
+            )
+        super().__init__(f"worker {worker_id} (pid {pid}) {how}{hint}")
+
+
+class _RemoteTraceback(Exception):
+    """The worker's formatted traceback, attached as ``__cause__`` (as concurrent.futures does)."""
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return f"\n\"\"\"\n{self.tb}\"\"\""
+
+
+def worker_error_from_message(worker_id: int, pid: int | None, msg: tuple[object, ...]) -> WorkerError:
+    """Build the `WorkerError` for an ``("error", step, payload, text, traceback)`` message."""
+    import pickle
+
+    _, step, payload, text, tb = msg
+    err = WorkerError(worker_id, pid, step, str(text))  # type: ignore[arg-type]
+    original: BaseException | None = None
+    if payload is not None:
+        try:
+            original = pickle.loads(payload)  # type: ignore[arg-type]
+        except Exception:  # noqa: BLE001 - fall back to the text form
+            original = None
+    cause = _RemoteTraceback(str(tb))
+    if original is not None:
+        original.__cause__ = cause
+        err.__cause__ = original
+    else:
+        err.__cause__ = cause
+    return err

@@ -94,15 +94,18 @@ def _get(value: Any, path: tuple[Any, ...]) -> Any:
 
 
 def _converter(leaf: Leaf) -> Callable[[Any], torch.Tensor]:
+    # torch cannot wrap numpy arrays with negative strides (np.flipud, img[::-1], ... are
+    # valid observations), so views are made contiguous; contiguous arrays are not copied.
     if leaf.spec.kind == "one_hot":
         n, start = leaf.spec.n, leaf.start
-        return lambda a: torch.nn.functional.one_hot(torch.as_tensor(np.asarray(a) - start), n)
+        # one_hot only takes int64 indices; a Discrete value may be any numpy integer type.
+        return lambda a: torch.nn.functional.one_hot(torch.as_tensor(np.asarray(a, dtype=np.int64) - start), n)
     if leaf.start is not None and np.any(leaf.start != 0):
         start = leaf.start
         return lambda a: torch.as_tensor(np.asarray(a) - start, dtype=torch.int64)
     if leaf.spec.kind in ("discrete", "multi_discrete"):
-        return lambda a: torch.as_tensor(np.asarray(a), dtype=torch.int64)
-    return lambda a: torch.from_numpy(np.asarray(a))
+        return lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
+    return lambda a: torch.from_numpy(np.ascontiguousarray(a))
 
 
 def write_obs(leaves: list[Leaf], value: Any, out: dict[NestedKey, torch.Tensor], rows: Any = None) -> None:

@@ -242,6 +242,7 @@ class Rollout:
 
     def collect(self, random: bool, out: dict[Any, torch.Tensor] | None = None) -> TensorDict:
         """Collect one batch (blocking; runs in a worker thread or process)."""
+        random = random or self.policy.is_random
         env = self.env
         assert isinstance(env, BatchedEnv)
         if self.pending_reset():
@@ -257,6 +258,7 @@ class Rollout:
 
     async def acollect(self, random: bool, run_sync: Callable[..., Awaitable[Any]]) -> TensorDict:
         """Collect one batch from an async env on the event loop; the policy runs via ``run_sync``."""
+        random = random or self.policy.is_random
         env = self.env
         assert isinstance(env, AsyncBatchedEnv)
         if self.pending_reset():

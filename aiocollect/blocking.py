@@ -7,10 +7,10 @@ running event loop: use the async classes there.
 
 from __future__ import annotations
 
-from . import _collector
+from . import _collector, _multi
 from ._blocking_base import DataCollectorBase
 
-__all__ = ("Collector", "DataCollectorBase")
+__all__ = ("AsyncCollector", "Collector", "DataCollectorBase", "MultiAsyncCollector", "MultiSyncCollector")
 
 
 class Collector(DataCollectorBase):
@@ -28,3 +28,44 @@ class Collector(DataCollectorBase):
     """
 
     _async_class = _collector.Collector
+
+
+class MultiSyncCollector(DataCollectorBase):
+    """Blocking twin of `aiocollect.MultiSyncCollector` (also ``MultiSyncDataCollector``).
+
+    Examples:
+        >>> from aiocollect.blocking import MultiSyncCollector
+        >>> if __name__ == "__main__":  # worker processes re-import the main module
+        ...     with MultiSyncCollector("CartPole-v1", num_workers=2, frames_per_batch=64,
+        ...                             total_frames=128) as c:
+        ...         shapes = [batch.shape for batch in c]
+    """
+
+    _async_class = _multi.MultiSyncCollector
+
+
+class MultiAsyncCollector(DataCollectorBase):
+    """Blocking twin of `aiocollect.MultiAsyncCollector` (also ``MultiaSyncDataCollector``).
+
+    Examples:
+        >>> from aiocollect.blocking import MultiAsyncCollector
+        >>> if __name__ == "__main__":
+        ...     with MultiAsyncCollector("CartPole-v1", num_workers=2, frames_per_batch=32,
+        ...                              total_frames=64) as c:
+        ...         shapes = [batch.shape for batch in c]
+    """
+
+    _async_class = _multi.MultiAsyncCollector
+
+
+class AsyncCollector(DataCollectorBase):
+    """Blocking twin of `aiocollect.AsyncCollector` (also ``aSyncDataCollector``).
+
+    Examples:
+        >>> from aiocollect.blocking import AsyncCollector
+        >>> if __name__ == "__main__":
+        ...     with AsyncCollector("CartPole-v1", frames_per_batch=32, total_frames=64) as c:
+        ...         shapes = [batch.shape for batch in c]
+    """
+
+    _async_class = _multi.AsyncCollector

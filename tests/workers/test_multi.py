@@ -1,0 +1,201 @@
+"""Multi-process collectors over real spawned workers (each test checks for leftovers)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import anyio
+import pytest
+import torch
+
+from aiocollect import (
+    AsyncCollector,
+    MultiAsyncCollector,
+    MultiSyncCollector,
+    WorkerCrashedError,
+    WorkerError,
+)
+from aiocollect.testing import CountingEnv, FailingEnv, ScriptedPolicy
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+
+
+def counting_env() -> CountingEnv:
+    return CountingEnv(2, episode_length=3)
+
+
+async def test_multisync_stacks_workers_in_order() -> None:
+    with anyio.fail_after(60):
+        async with MultiSyncCollector(counting_env, num_workers=2, frames_per_batch=16, total_frames=32) as c:
+            batches = [b async for b in c]
+    assert [b.shape for b in batches] == [torch.Size([2, 2, 4])] * 2
+    assert batches[0].names == [None, None, "time"]
+    for b in batches:
+        assert torch.equal(b["collector", "worker_id"][:, 0, 0], torch.tensor([0, 1]))
+        # Real transitions: next step index = step index + 1 on every frame.
+        assert torch.equal(b["next", "observation"][..., 2], b["observation"][..., 2] + 1)
+    ids = torch.cat([b["collector", "traj_ids"].flatten() for b in batches])
+    w = torch.cat([b["collector", "worker_id"].flatten() for b in batches])
+    for traj in ids.unique():
+        assert w[ids == traj].unique().numel() == 1  # an id never spans two workers
+
+
+@pytest.mark.parametrize(("cat", "shape"), [(0, (4, 4)), (-1, (2, 8))])
+async def test_multisync_cat_results(cat: int, shape: tuple[int, int]) -> None:
+    with anyio.fail_after(60):
+        async with MultiSyncCollector(counting_env, num_workers=2, frames_per_batch=16, total_frames=16,
+                                      cat_results=cat) as c:  # fmt: skip
+            (batch,) = [b async for b in c]
+    assert batch.shape == shape
+    assert batch.names[-1] == "time"
+
+
+async def test_multiasync_delivers_whole_worker_batches_first_come() -> None:
+    with anyio.fail_after(60):
+        async with MultiAsyncCollector(counting_env, num_workers=2, frames_per_batch=8, total_frames=64) as c:
+            batches = [b async for b in c]
+            assert c.stats().workers_alive == 2
+    assert all(b.shape == (2, 4) for b in batches) and len(batches) == 8
+    workers = {int(b["collector", "worker_id"][0, 0]) for b in batches}
+    assert workers == {0, 1}
+    for b in batches:
+        assert b["collector", "worker_id"].unique().numel() == 1
+
+
+async def test_async_collector_single_background_worker() -> None:
+    with anyio.fail_after(60):
+        async with AsyncCollector(counting_env, frames_per_batch=8, total_frames=24) as c:
+            batches = [b async for b in c]
+    assert len(batches) == 3 and all((b["collector", "worker_id"] == 0).all() for b in batches)
+
+
+async def test_same_seed_same_data_whatever_the_timing() -> None:
+    async def run(seed: int) -> list[torch.Tensor]:
+        async with MultiSyncCollector("CartPole-v1", num_workers=2, frames_per_batch=64, total_frames=128) as c:
+            c.set_seed(seed)
+            return [torch.cat([b["observation"].flatten(), b["action"].float().flatten()]) async for b in c]
+
+    with anyio.fail_after(90):
+        a, b = await run(7), await run(7)
+        other = await run(8)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert not torch.equal(a[0], other[0])
+
+
+@pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector])
+async def test_weight_update_reaches_every_worker_at_a_batch_boundary(cls: type) -> None:
+    policy = ScriptedPolicy(1.0)
+    with anyio.fail_after(90):
+        async with cls(counting_env, policy, num_workers=2, frames_per_batch=8) as c:
+            first = await c.__anext__()
+            assert (first["collector", "policy_version"] == 0).all()
+            assert torch.equal(first["action"], policy(first["observation"]))
+            new = ScriptedPolicy(-1.0)
+            await c.update_policy_weights_(new)
+            seen_new = set()
+            for _ in range(12):
+                batch = await c.__anext__()
+                versions = batch["collector", "policy_version"].unique()
+                assert versions.numel() == 1  # no batch mixes two versions
+                if int(versions) == 1:
+                    assert torch.equal(batch["action"], new(batch["observation"]))
+                    seen_new.update(batch["collector", "worker_id"].unique().tolist())
+                if seen_new == {0, 1}:
+                    break
+            if cls is MultiSyncCollector:
+                assert int(versions) == 1  # sync workers were idle: the very next batch is new
+    assert seen_new == {0, 1}
+
+
+async def test_env_error_in_worker_raises_worker_error_with_traceback() -> None:
+    def failing() -> FailingEnv:
+        return FailingEnv(1, fail_at=5)
+
+    with anyio.fail_after(60):
+        with pytest.raises(WorkerError) as info:
+            async with MultiSyncCollector(failing, num_workers=2, frames_per_batch=100) as c:
+                await c.__anext__()
+    errors = info.value.exceptions if isinstance(info.value, BaseExceptionGroup) else [info.value]  # noqa: F821
+    err = errors[0]
+    assert err.worker_id in (0, 1) and err.pid is not None and err.pid != os.getpid()
+    assert "FailingEnv failed at step 5" in str(err)
+    assert isinstance(err.__cause__, ValueError)
+    assert "testing.py" in str(err.__cause__.__cause__)  # the worker's own traceback
+
+
+async def test_env_construction_error_is_reported_at_start() -> None:
+    def broken() -> None:
+        raise OSError("simulator licence not found")
+
+    with anyio.fail_after(60):
+        with pytest.raises((WorkerError, BaseExceptionGroup)) as info:  # noqa: F821
+            async with AsyncCollector(broken, frames_per_batch=8):
+                pass
+    assert "simulator licence not found" in str(info.value) or any(
+        "simulator licence" in str(e) for e in getattr(info.value, "exceptions", [])
+    )
+
+
+async def test_sigkill_gives_worker_crashed_error() -> None:
+    env = lambda: CountingEnv(0, episode_length=10**9)  # noqa: E731
+    with anyio.fail_after(60):
+        with pytest.raises(WorkerCrashedError) as info:
+            async with MultiAsyncCollector(env, num_workers=2, frames_per_batch=1000) as c:
+                batch = await c.__anext__()
+                pid = c._workers[int(batch["collector", "worker_id"][0])].pid
+                os.kill(pid, signal.SIGKILL)
+                while True:
+                    await c.__anext__()
+    assert info.value.exitcode == -signal.SIGKILL and "SIGKILL" in str(info.value)
+
+
+async def test_supervised_worker_is_restarted_and_iteration_continues() -> None:
+    env = lambda: CountingEnv(0, episode_length=10**9)  # noqa: E731
+    with anyio.fail_after(90):
+        async with MultiSyncCollector(env, ScriptedPolicy(1.0), num_workers=2, frames_per_batch=200,
+                                      restart_workers=1) as c:  # fmt: skip
+            await c.__anext__()
+            await c.update_policy_weights_(ScriptedPolicy(-1.0))
+            os.kill(c._workers[1].pid, signal.SIGKILL)
+            batch = await c.__anext__()
+            stats = c.stats()
+    assert stats.restarts == 1 and stats.dropped_batches == 1 and stats.workers_alive == 2
+    assert batch.shape == (2, 100)
+    # The restarted worker came back with the current weights and version.
+    assert (batch["collector", "policy_version"] == 1).all()
+
+
+async def test_break_stops_all_workers() -> None:
+    with anyio.fail_after(60):
+        async with MultiAsyncCollector(counting_env, num_workers=2, frames_per_batch=8) as c:
+            async for _ in c:
+                break
+        assert c.stats().workers_alive == 2  # stats survive; the no_leaks fixture checks the processes
+
+
+async def test_fds_do_not_grow_with_batches() -> None:
+    with anyio.fail_after(60):
+        async with MultiAsyncCollector(counting_env, num_workers=2, frames_per_batch=8) as c:
+            for _ in range(5):
+                await c.__anext__()
+            before = len(os.listdir("/proc/self/fd"))
+            for _ in range(100):
+                await c.__anext__()
+            after = len(os.listdir("/proc/self/fd"))
+    assert after <= before
+
+
+def test_bad_arguments_fail_before_spawning() -> None:
+    with pytest.raises(ValueError, match=r"^num_workers must be a positive int"):
+        MultiSyncCollector(counting_env, num_workers=0, frames_per_batch=8)
+    with pytest.raises(ValueError, match=r"^frames_per_batch has 3 entries but there are 2 workers"):
+        MultiSyncCollector(counting_env, num_workers=2, frames_per_batch=[1, 2, 3])
+    with pytest.raises(ValueError, match=r"^cat_results is only for MultiSyncCollector"):
+        MultiAsyncCollector(counting_env, num_workers=2, frames_per_batch=8, cat_results=0)
+    with pytest.raises(ValueError, match=r"^frames_per_batch must be a positive int, got 0$"):
+        MultiSyncCollector(counting_env, num_workers=2, frames_per_batch=0)
+    with pytest.raises(TypeError, match=r"^AsyncCollector runs exactly one worker"):
+        AsyncCollector(counting_env, num_workers=2, frames_per_batch=8)
+    with pytest.raises(LookupError, match=r"^unknown worker backend 'mpi'; choose one of: subprocess$"):
+        MultiSyncCollector(counting_env, num_workers=2, frames_per_batch=8, backend="mpi")
