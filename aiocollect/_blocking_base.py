@@ -48,7 +48,12 @@ class DataCollectorBase:
 
     def __enter__(self) -> DataCollectorBase:
         self._context = self._portal.wrap_async_context_manager(self._async)
-        self._context.__enter__()
+        try:
+            self._context.__enter__()
+        except BaseException:
+            self._context = None  # __exit__ will not run: release everything now
+            self.shutdown()
+            raise
         return self
 
     def __exit__(
@@ -65,7 +70,12 @@ class DataCollectorBase:
         return self
 
     def __next__(self) -> TensorDictBase:
-        batch = self._portal.call(_anext_or_end, self._async)
+        try:
+            batch = self._portal.call(_anext_or_end, self._async)
+        except BaseException:
+            if self._context is None:  # plain iteration: nothing else will clean up
+                self.shutdown()
+            raise
         if batch is _END:
             self.shutdown()
             raise StopIteration

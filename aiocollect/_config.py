@@ -133,7 +133,7 @@ def validate_config(
     if total_frames > 0 and total_frames % fpb:
         warnings.warn(
             f"total_frames ({total_frames}) is not divisible by frames_per_batch ({fpb}); "
-            f"{math.ceil(total_frames / fpb) * fpb} frames will be collected",
+            "the last batch will take collection past total_frames",
             UserWarning,
             stacklevel=4,
         )
@@ -217,7 +217,11 @@ def make_env(cfg: CollectorConfig) -> Any:
     if isinstance(env, (BatchedEnv, AsyncBatchedEnv)):
         return env
     if isinstance(env, (gym.Env, gym.vector.VectorEnv)):
-        return wrap_gymnasium(env)
+        try:
+            return wrap_gymnasium(env)
+        except BaseException:
+            env.close()
+            raise
     raise TypeError(
         f"create_env_fn returned {type(env).__name__}; it must return a gymnasium Env/VectorEnv or an aiocollect BatchedEnv"
     )

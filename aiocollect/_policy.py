@@ -59,6 +59,13 @@ class PolicyAdapter:
 
     def bind(self, spec: EnvSpec) -> None:
         """Learn the env's observation and action keys (called once the env exists)."""
+        reserved = {"next", "collector", "reward", "done", "terminated", "truncated", "step_count", *spec.action}
+        clash = sorted(str(k) for k in spec.observation if (k if isinstance(k, str) else k[0]) in reserved)
+        if clash:
+            raise ValueError(
+                f"observation keys {clash} clash with keys the collector writes ({sorted(map(str, reserved))}); "
+                "rename them in the env (e.g. with a gymnasium ObservationWrapper)"
+            )
         self.spec = spec
         self.obs_keys = list(spec.observation)
         self.action_keys = list(spec.action)

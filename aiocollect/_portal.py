@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
+import anyio
 import sniffio
-from anyio.from_thread import BlockingPortal, start_blocking_portal
+from anyio.from_thread import BlockingPortal
 
 __all__ = ["Portal"]
 
@@ -32,7 +34,7 @@ class Portal:
 
     def __init__(self, blocking_name: str, async_name: str) -> None:
         self._names = (blocking_name, async_name)
-        self._cm: AbstractContextManager[BlockingPortal] | None = None
+        self._thread: threading.Thread | None = None
         self._portal: BlockingPortal | None = None
         self._lock = threading.Lock()
 
@@ -47,8 +49,7 @@ class Portal:
         self._check()
         with self._lock:
             if self._portal is None:
-                self._cm = start_blocking_portal("asyncio", name=f"{self._names[0]} portal")
-                self._portal = self._cm.__enter__()
+                self._portal, self._thread = _start_portal_thread(f"{self._names[0]} portal")
             return self._portal
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -72,7 +73,31 @@ class Portal:
     def stop(self) -> None:
         """Stop the portal's loop and join its thread. Idempotent."""
         with self._lock:
-            cm, self._cm, self._portal = self._cm, None, None
-        if cm is not None:
+            portal, thread, self._portal, self._thread = self._portal, self._thread, None, None
+        if portal is not None and thread is not None:
             self._check()
-            cm.__exit__(None, None, None)
+            portal.call(portal.stop)
+            thread.join()
+
+
+def _start_portal_thread(name: str) -> tuple[BlockingPortal, threading.Thread]:
+    # Unlike anyio.from_thread.start_blocking_portal (a ThreadPoolExecutor thread, which the
+    # interpreter joins at exit), this thread is a daemon: a script that forgets shutdown()
+    # still exits instead of hanging. Worker processes are daemonic too and die with it.
+    ready: Future[BlockingPortal] = Future()
+
+    async def main() -> None:
+        async with BlockingPortal() as portal:
+            ready.set_result(portal)
+            await portal.sleep_until_stopped()
+
+    def run() -> None:
+        try:
+            anyio.run(main)
+        except BaseException as exc:  # noqa: BLE001 - surfaced to the thread that waits
+            if not ready.done():
+                ready.set_exception(exc)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return ready.result(), thread

@@ -274,4 +274,4 @@ class Rollout:
 
 
 def _expand(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    return mask.reshape(*mask.shape, *([1] * (like.dim() - mask.dim())))
+    return mask.reshape((*mask.shape, *([1] * (like.dim() - mask.dim()))))

@@ -80,10 +80,15 @@ class ArraySpec:
             lo = torch.where(torch.isfinite(low), low, -1.0)
             hi = torch.where(torch.isfinite(high), high, 1.0)
             out = lo + u * (hi - lo)
-            # Unbounded sides have no uniform distribution; a standard normal is used there.
-            unbounded = ~(torch.isfinite(low) & torch.isfinite(high))
-            if bool(unbounded.any()):
-                out = torch.where(unbounded, torch.randn(full, generator=generator, dtype=torch.float64), out)
+            # Half-open boxes get low + Exp(1) or high - Exp(1), open ones a standard normal
+            # (gymnasium's rule), so every draw is inside the box.
+            lo_ok, hi_ok = torch.isfinite(low), torch.isfinite(high)
+            if not bool((lo_ok & hi_ok).all()):
+                normal = torch.randn(full, generator=generator, dtype=torch.float64)
+                expo = -torch.log1p(-torch.rand(full, generator=generator, dtype=torch.float64))
+                out = torch.where(lo_ok & ~hi_ok, low + expo, out)
+                out = torch.where(~lo_ok & hi_ok, high - expo, out)
+                out = torch.where(~lo_ok & ~hi_ok, normal, out)
             return out.to(self.dtype)
         u = torch.rand(full, generator=generator, dtype=torch.float64)
         return (low + (u * (high - low + 1)).floor()).clamp(max=high).to(self.dtype)

@@ -17,7 +17,8 @@ from aiocollect.testing import CountingEnv
 
 SCRIPT = textwrap.dedent(
     """
-    import sys
+    import faulthandler, signal, sys
+    faulthandler.register(signal.SIGUSR1)  # the test dumps our stacks if we hang
     from aiocollect import SyncDataCollector
     from aiocollect.testing import CountingEnv
 
@@ -40,11 +41,16 @@ def test_ctrl_c_in_blocking_script_stops_and_closes(tmp_path: Path) -> None:
     script.write_text(SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    # (stderr is inherited, so a stack dump shows up in pytest's captured output)
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "collecting"
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=30)
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)
+            raise
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -1,0 +1,148 @@
+"""Multi-process shutdown paths: parent death, GC, blocking scripts, weight-sync timeouts."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import anyio
+import psutil
+import pytest
+import torch
+
+from aiocollect import MultiAsyncCollector, MultiSyncCollector
+from aiocollect.testing import CountingEnv, ScriptedPolicy
+
+pytestmark = pytest.mark.timeout(120)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_script(tmp_path: Path, body: str) -> subprocess.Popen[str]:
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(body))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)  # fmt: skip
+
+
+def wait_gone(pids: list[int], timeout: float) -> list[int]:
+    procs = [psutil.Process(p) for p in pids if psutil.pid_exists(p)]
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    return [p.pid for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_workers_exit_when_the_parent_is_killed(tmp_path: Path) -> None:
+    proc = run_script(tmp_path, """
+        import anyio
+        from aiocollect import MultiAsyncCollector
+        from aiocollect.testing import CountingEnv
+
+        def env():
+            return CountingEnv(0, episode_length=10**9)
+
+        async def main():
+            async with MultiAsyncCollector(env, num_workers=2, frames_per_batch=1000) as c:
+                await c.__anext__()
+                print(*[w.pid for w in c._workers], flush=True)
+                await anyio.sleep_forever()
+
+        if __name__ == "__main__":
+            anyio.run(main)
+    """)
+    try:
+        assert proc.stdout is not None
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2
+        proc.kill()
+        proc.wait(10)
+        assert wait_gone(pids, 10) == []
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+def test_ctrl_c_in_blocking_multisync_script(tmp_path: Path) -> None:
+    proc = run_script(tmp_path, """
+        import sys
+        from aiocollect import MultiSyncDataCollector
+        from aiocollect.testing import CountingEnv
+
+        def env():
+            return CountingEnv(0, episode_length=10**9)
+
+        if __name__ == "__main__":
+            try:
+                with MultiSyncDataCollector(env, num_workers=2, frames_per_batch=200) as c:
+                    next(c)
+                    print(*[w.pid for w in c._async._workers], flush=True)
+                    for _ in c:
+                        pass
+            except KeyboardInterrupt:
+                print("interrupted", flush=True)
+                sys.exit(3)
+    """)
+    try:
+        assert proc.stdout is not None
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 3, err
+        assert "interrupted" in out
+        assert wait_gone(pids, 5) == []
+    finally:
+        proc.kill()
+
+
+def test_script_without_main_guard_gets_a_clear_error(tmp_path: Path) -> None:
+    proc = run_script(tmp_path, """
+        from aiocollect import MultiSyncDataCollector
+        from aiocollect.testing import CountingEnv
+
+        with MultiSyncDataCollector(CountingEnv, num_workers=1, frames_per_batch=4, total_frames=4) as c:
+            for _ in c:
+                pass
+        print("done")
+    """)
+    out, err = proc.communicate(timeout=90)
+    assert proc.returncode != 0
+    assert "guard that code with `if __name__ == \"__main__\":`" in err
+    assert err.count("Traceback") < 10  # one failure per worker start, not a crash loop
+
+
+@pytest.mark.anyio
+async def test_unclosed_multi_collector_is_killed_on_gc() -> None:
+    c = MultiAsyncCollector(CountingEnv, num_workers=1, frames_per_batch=4)
+    with anyio.fail_after(60):
+        await c.__anext__()
+    pids = [w.pid for w in c._workers]
+    with pytest.warns(ResourceWarning, match="unclosed"):
+        del c
+        gc.collect()
+    assert wait_gone(pids, 5) == []
+
+
+@pytest.mark.anyio
+async def test_weight_update_timeout_names_the_late_workers() -> None:
+    def slow_env() -> CountingEnv:
+        return CountingEnv(0, episode_length=10**9)
+
+    with anyio.fail_after(90):
+        async with MultiAsyncCollector(slow_env, ScriptedPolicy(1.0), num_workers=2, frames_per_batch=2_000_000,
+                                       weight_sync_timeout=0.5) as c:  # fmt: skip
+            with pytest.raises(TimeoutError, match=r"^workers \[0, 1\] did not apply policy version 1 within"):
+                await c.update_policy_weights_(ScriptedPolicy(-1.0))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.anyio
+async def test_cuda_policy_in_workers_and_cuda_storing_device() -> None:
+    policy = ScriptedPolicy(1.0)
+    async with MultiSyncCollector(CountingEnv, policy, num_workers=2, frames_per_batch=8, total_frames=8,
+                                  policy_device="cuda", storing_device="cuda") as c:  # fmt: skip
+        (batch,) = [b async for b in c]
+    assert batch.device.type == "cuda"
