@@ -10,6 +10,7 @@ cancelled waiter never consumes a message it does not record.
 from __future__ import annotations
 
 import sys
+import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -33,7 +34,10 @@ class Pump:
         self.acked: list[int] = [-1] * len(workers)  # last weights version each worker applied
         self.alive: list[bool] = [True] * len(workers)
         self.failures: list[BaseException] = []
-        self._on_exit = on_exit
+        # A weak reference: the collector owns the pump, and a strong bound method back to it
+        # would make a reference cycle that delays (and disorders) finalization of an
+        # unclosed collector until the cyclic garbage collector runs.
+        self._on_exit = weakref.WeakMethod(on_exit)  # type: ignore[arg-type]
         self._lock = anyio.Lock()
         self._changed = anyio.Event()
 
@@ -93,8 +97,10 @@ class Pump:
                     ended = self._dispatch(w, msg)
                     if ended is not None:
                         exits.append(ended)
+                on_exit = self._on_exit()
                 for w, code in exits:
-                    await self._on_exit(w, code)  # restarts the worker, or records a failure
+                    if on_exit is not None:
+                        await on_exit(w, code)  # restarts the worker, or records a failure
                 if not any(self.alive) and not self.failures and not predicate():
                     self.failures.append(RuntimeError("every worker has stopped"))
                 self._changed.set()

@@ -142,13 +142,18 @@ class SubprocessWorker(WorkerHandle):
 
     def kill_now(self) -> None:
         """Synchronous last resort (garbage collection): kill and reap without waiting long."""
-        if self._process is None:
+        process = self._process
+        if process is None:
             return
-        if self._process.exitcode is None:
-            self._process.kill()
-        self._process.join(1.0)
-        self._exitcode = self._process.exitcode
-        self._release()
+        if process.exitcode is None:
+            process.kill()
+        process.join(1.0)
+        self._exitcode = process.exitcode
+        # The connections are not closed here: during garbage collection of a reference cycle
+        # their own finalizers may already have closed the descriptors, and closing a number
+        # twice could close an unrelated file that reused it. Dropping them lets each
+        # Connection close its descriptor exactly once.
+        self._process = self._conn = self._alive_w = None
 
     def _release(self) -> None:
         for conn in (self._conn, self._alive_w):
