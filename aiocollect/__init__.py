@@ -8,10 +8,13 @@ blocking twins.
 from __future__ import annotations
 
 from ._blocking_base import DataCollectorBase as DataCollectorBase
+from ._buffer import ReplayBuffer as ReplayBuffer
 from ._collector import Collector as Collector
 from ._envs import AsyncBatchedEnv as AsyncBatchedEnv
 from ._envs import BatchedEnv as BatchedEnv
 from ._errors import AiocollectError as AiocollectError
+from ._errors import BufferClosedError as BufferClosedError
+from ._errors import BufferEmptyError as BufferEmptyError
 from ._errors import CollectorClosedError as CollectorClosedError
 from ._errors import PolicyOutputError as PolicyOutputError
 from ._errors import WorkerCrashedError as WorkerCrashedError
@@ -22,10 +25,20 @@ from ._multi import AsyncCollector as AsyncCollector
 from ._multi import MultiAsyncCollector as MultiAsyncCollector
 from ._multi import MultiSyncCollector as MultiSyncCollector
 from ._pool import AsyncEnvPool as AsyncEnvPool
+from ._samplers import PrioritizedSampler as PrioritizedSampler
+from ._samplers import RandomSampler as RandomSampler
+from ._samplers import Sampler as Sampler
+from ._samplers import SamplerWithoutReplacement as SamplerWithoutReplacement
+from ._samplers import SliceSampler as SliceSampler
 from ._specs import ArraySpec as ArraySpec
 from ._specs import EnvSpec as EnvSpec
 from ._split import split_trajectories as split_trajectories
+from ._stats import BufferStats as BufferStats
 from ._stats import CollectorStats as CollectorStats
+from ._storage import MemmapStorage as MemmapStorage
+from ._storage import MemoryStorage as MemoryStorage
+from ._storage import SharedMemoryStorage as SharedMemoryStorage
+from ._storage import Storage as Storage
 from ._version import __version__ as __version__
 from .blocking import AsyncCollector as aSyncDataCollector
 from .blocking import Collector as SyncDataCollector
@@ -39,16 +52,29 @@ __all__ = (
     "AsyncCollector",
     "AsyncEnvPool",
     "BatchedEnv",
+    "BufferClosedError",
+    "BufferEmptyError",
+    "BufferStats",
     "Collector",
     "CollectorClosedError",
     "CollectorStats",
     "DataCollectorBase",
     "EnvSpec",
+    "MemmapStorage",
+    "MemoryStorage",
     "MultiAsyncCollector",
     "MultiSyncCollector",
     "MultiSyncDataCollector",
     "MultiaSyncDataCollector",
     "PolicyOutputError",
+    "PrioritizedSampler",
+    "RandomSampler",
+    "ReplayBuffer",
+    "Sampler",
+    "SamplerWithoutReplacement",
+    "SharedMemoryStorage",
+    "SliceSampler",
+    "Storage",
     "SyncDataCollector",
     "WorkerCrashedError",
     "WorkerError",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import partial
+from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any, ClassVar
 
@@ -45,6 +46,7 @@ class DataCollectorBase:
         cls = type(self)
         self._portal = Portal(f"{cls.__module__}.{cls.__qualname__}", f"aiocollect.{self._async_class.__qualname__}")
         self._context: Any = None
+        self._opened_by_start = False
 
     def __enter__(self) -> DataCollectorBase:
         self._context = self._portal.wrap_async_context_manager(self._async)
@@ -92,6 +94,41 @@ class DataCollectorBase:
         self._portal.call(self._async.aclose)
         if self._context is None:  # inside 'with', __exit__ stops the portal
             self._portal.stop()
+
+    def start(self) -> None:
+        """Collect into the replay buffer in a background task until the budget is spent.
+
+        Opens the collector if it is not open yet; stop it with `async_shutdown` (or by
+        leaving ``with``). Sample with ``replay_buffer.sample()`` meanwhile.
+        """
+        if self._context is None:
+            self.__enter__()
+            self._opened_by_start = True
+        self._portal.call(self._async.start)
+
+    def pause(self) -> AbstractContextManager[None]:
+        """A context manager inside which the background collection writes nothing."""
+        return self._portal.wrap_async_context_manager(self._async.pause())
+
+    def is_running(self) -> bool:
+        """Whether background collection (`start`) is still going."""
+        return bool(self._async.is_running())
+
+    def async_shutdown(self, timeout: float | None = None) -> None:
+        """Stop background collection and shut down (TorchRL's name for it).
+
+        Raises the background collection's error if no ``sample()`` raised it yet.
+
+        Args:
+            timeout: Ignored; the collector's ``shutdown_timeout`` bounds the shutdown.
+        """
+        try:
+            if self._portal.running:
+                self._portal.call(self._async.async_shutdown)
+        finally:
+            if self._opened_by_start:
+                self._opened_by_start = False
+                self.__exit__(None, None, None)
 
     def update_policy_weights_(self, policy_or_weights: Any = None, *, weights: Any = None) -> None:
         """Bring the collection policy up to date; see the async twin's method."""

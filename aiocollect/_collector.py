@@ -66,6 +66,10 @@ class Collector(CollectorLifecycle):
         track_traj_ids: Write ``("collector", "traj_ids")``.
         max_queued_batches: How many batches may be collected ahead of the consumer.
         shutdown_timeout: Seconds teardown waits for an env step in progress to return.
+        replay_buffer: A `ReplayBuffer` (or its blocking twin) to write batches into instead
+            of yielding them: iteration then yields ``None`` per batch written, and `start`
+            collects in the background. ``init_random_frames`` then counts the buffer's
+            ``write_count``.
 
     Raises:
         TypeError: An argument has the wrong type (raised before any env is built).
@@ -104,6 +108,7 @@ class Collector(CollectorLifecycle):
         track_traj_ids: bool = True,
         max_queued_batches: int = 0,
         shutdown_timeout: float = 10.0,
+        replay_buffer: Any = None,
     ) -> None:
         self._cfg = validate_config(
             create_env_fn=create_env_fn, policy=policy, frames_per_batch=frames_per_batch,
@@ -125,7 +130,8 @@ class Collector(CollectorLifecycle):
         self._lane = ThreadLane()
         self._env: Any = None
         self._rollout: Rollout | None = None
-        self._init_lifecycle(cfg.total_frames, cfg.frames_per_batch, cfg.max_queued_batches)
+        self._layout_checked = False
+        self._init_lifecycle(cfg.total_frames, cfg.frames_per_batch, cfg.max_queued_batches, replay_buffer)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def _build(self) -> None:
@@ -184,20 +190,60 @@ class Collector(CollectorLifecycle):
             batch = self._cfg.postproc(batch)
         return batch
 
-    async def _collect_one(self) -> TensorDictBase:
+    async def _collect_one(self) -> TensorDictBase | None:
         await self._ensure_started()
         rollout = self._rollout
         assert rollout is not None
-        random = self._policy.is_random or self._frames < self._cfg.init_random_frames
+        rb, cfg = self._rb, self._cfg
+        done = rb.write_count if rb is not None else self._frames
+        random = self._policy.is_random or done < cfg.init_random_frames
         start = time.perf_counter()
+        direct = rb is not None and rollout.buf is not None and not (cfg.split_trajs or cfg.postproc)
+        if direct:
+            return await self._collect_into_buffer(rollout, random, start)
         if isinstance(rollout.env, AsyncBatchedEnv):
             batch = await rollout.acollect(random, self._lane.run)
         else:
             batch = await self._lane.run(rollout.collect, random)
-        self._count(batch.numel(), time.perf_counter() - start)
-        if self._cfg.split_trajs or self._cfg.postproc is not None:
+        if rb is None:
+            self._count(batch.numel(), time.perf_counter() - start)
+        if cfg.split_trajs or cfg.postproc is not None:
             batch = await self._lane.run(self._post, batch)
-        return batch
+        if rb is None:
+            return batch
+        # The first batch (which fixes the storage layout) and post-processed batches are
+        # copied in; later batches are written straight into the buffer's rows.
+        await rb.extend(batch)
+        self._count(batch.numel(), time.perf_counter() - start)
+        return None
+
+    async def _collect_into_buffer(self, rollout: Rollout, random: bool, start: float) -> None:
+        rb = self._rb
+        shape = (*rollout.B, rollout.T)
+        if not self._layout_checked:
+            rb.storage.check_layout([(k, s[len(shape) :], d) for k, s, d in rollout.output_layout()])
+            self._layout_checked = True
+        res = await rb.reserve(math.prod(shape), shape)
+        if self._paused:  # paused while waiting for room: hold nothing, write nothing
+            rb.abort(res)
+            return None
+        self._bg_holding = True
+        try:
+            views = rb.storage.views(res.pieces, shape)
+            if isinstance(rollout.env, AsyncBatchedEnv):
+                batch = await rollout.acollect(random, self._lane.run, out=views)
+            else:
+                batch = await self._lane.run(rollout.collect, random, views)
+            if views is None:  # the rows wrap around the end of the ring: copy in two pieces
+                rb.storage.write(res.pieces, {k: v.reshape(res.n, *v.shape[len(shape):])
+                                              for k, v in batch.items(include_nested=True, leaves_only=True)})  # fmt: skip
+        except BaseException:
+            rb.abort(res)
+            raise
+        finally:
+            self._bg_holding = False
+        rb.commit(res)
+        self._count(res.n, time.perf_counter() - start)
 
     # -- control -------------------------------------------------------------------------------
     async def update_policy_weights_(self, policy_or_weights: Any = None, *, weights: Any = None) -> None:
@@ -218,6 +264,8 @@ class Collector(CollectorLifecycle):
             raise ValueError("pass weights either positionally or as weights=, not both")
         w = weights if weights is not None else policy_or_weights
         await anyio.to_thread.run_sync(self._policy.update_weights, w)
+        if self._rb is not None:
+            self._rb.policy_version = self._policy.version
 
     def set_seed(self, seed: int) -> int:
         """Seed envs, random actions and torch's global RNG; effective from the next batch.

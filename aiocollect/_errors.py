@@ -4,6 +4,8 @@ from __future__ import annotations
 
 __all__ = [
     "AiocollectError",
+    "BufferClosedError",
+    "BufferEmptyError",
     "CollectorClosedError",
     "PolicyOutputError",
     "WorkerCrashedError",
@@ -22,6 +24,14 @@ class CollectorClosedError(AiocollectError):
 
 class WouldBlock(AiocollectError):
     """Raised when a ``*_nowait()`` call would have to wait."""
+
+
+class BufferClosedError(AiocollectError):
+    """Raised when a replay buffer is used after ``aclose()``/``close()``."""
+
+
+class BufferEmptyError(WouldBlock, LookupError):
+    """Raised when a replay buffer holds nothing that can be sampled yet (``sample_nowait()``)."""
 
 
 class PolicyOutputError(AiocollectError, ValueError):

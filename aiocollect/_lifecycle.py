@@ -17,6 +17,7 @@ import anyio
 from anyio.abc import TaskGroup
 from tensordict import TensorDictBase
 
+from ._background import BackgroundMixin
 from ._errors import CollectorClosedError
 from ._stats import CollectorStats
 
@@ -30,14 +31,17 @@ class _Failure:
         self.exc = exc
 
 
-class CollectorLifecycle:
+class CollectorLifecycle(BackgroundMixin):
     """Base of the async collectors (not public): lifecycle, iteration and statistics."""
 
     _total_frames: float
     _max_queued_batches: int
     _frames_per_batch: int
 
-    def _init_lifecycle(self, total_frames: float, frames_per_batch: int, max_queued_batches: int) -> None:
+    def _init_lifecycle(
+        self, total_frames: float, frames_per_batch: int, max_queued_batches: int, replay_buffer: Any = None
+    ) -> None:
+        self._init_background(replay_buffer)
         self._total_frames = total_frames
         self._frames_per_batch = frames_per_batch
         self._max_queued_batches = max_queued_batches
@@ -99,6 +103,7 @@ class CollectorLifecycle:
         assert self._tg is not None and self._producer_scope is not None
         self._stop_requested()
         self._producer_scope.cancel()
+        self._stop_background()
         try:
             # The producer never blocks on cancellation (thread calls are abandoned, worker
             # waits are fd waits), so this returns at once. The body's exception is not
@@ -108,6 +113,10 @@ class CollectorLifecycle:
         finally:
             self._recv.close()
             await self.aclose()
+        err = self._undelivered_error()
+        if err is not None and exc_type is None:
+            self._bg_error = None
+            raise err
         return None
 
     async def aclose(self) -> None:
@@ -123,6 +132,7 @@ class CollectorLifecycle:
         # 'async with' body, which aclose() must not cancel.
         if self._producer_scope is not None:
             self._producer_scope.cancel()
+        self._stop_background()
         with anyio.CancelScope(shield=True):
             await self._close_resources()
 
@@ -155,6 +165,7 @@ class CollectorLifecycle:
         return self
 
     async def __anext__(self) -> TensorDictBase:
+        self._check_not_background()
         if self._tg is not None:
             if self._closed:
                 raise StopAsyncIteration
@@ -182,6 +193,7 @@ class CollectorLifecycle:
         self._frames += frames
         self._batches += 1
         self._collect_time += seconds
+        self._batch_done()
 
     def stats(self) -> CollectorStats:
         """Return a `CollectorStats` snapshot (frames, batches, frames/s, policy version)."""

@@ -214,8 +214,12 @@ class Rollout:
         layout += [(("collector", "policy_version"), shape, torch.int64), (("collector", "worker_id"), shape, torch.int64)]
         return layout
 
-    def finish(self, out: dict[Any, torch.Tensor] | None = None) -> TensorDict:
-        """Copy the batch out of the time-major storage, into ``out`` if given (e.g. a shared slot)."""
+    def finish(self, out: dict[Any, torch.Tensor] | None = None, steps: int | None = None) -> TensorDict:
+        """Copy the batch out of the time-major storage, into ``out`` if given (e.g. a shared slot).
+
+        ``steps < T`` (a preempted batch) zeroes the missing steps and marks them with
+        trajectory id and policy version ``-1``, as TorchRL does.
+        """
         buf = self.buf
         assert buf is not None
         dev = self.storing_device
@@ -225,8 +229,16 @@ class Rollout:
             out[k].copy_(v.movedim(0, self.nb))
         for k in ("done", "terminated", "truncated"):
             out[k].zero_()
-        out[("collector", "policy_version")].copy_(torch.tensor(self.versions, dtype=torch.int64))
+        steps = self.T if steps is None else steps
+        versions = self.versions + [-1] * (self.T - len(self.versions))
+        out[("collector", "policy_version")].copy_(torch.tensor(versions, dtype=torch.int64))
         out[("collector", "worker_id")].fill_(self.worker_id)
+        if steps < self.T:
+            for v in out.values():
+                v.narrow(self.nb, steps, self.T - steps).zero_()
+            for k in (("collector", "traj_ids"), ("collector", "policy_version")):
+                if k in out:
+                    out[k].narrow(self.nb, steps, self.T - steps).fill_(-1)
         td = TensorDict(out, batch_size=(*self.B, self.T), device=dev)
         td.refine_names(*([None] * self.nb), "time")
         return td
@@ -240,23 +252,35 @@ class Rollout:
             self.apply_reset(env._reset_arrays(None, self.seeds), None)
         self.begin(self.policy.is_random)
 
-    def collect(self, random: bool, out: dict[Any, torch.Tensor] | None = None) -> TensorDict:
-        """Collect one batch (blocking; runs in a worker thread or process)."""
+    def collect(
+        self, random: bool, out: dict[Any, torch.Tensor] | None = None, preempt: Callable[[], bool] | None = None
+    ) -> TensorDict:
+        """Collect one batch (blocking; runs in a worker thread or process).
+
+        ``preempt`` is polled before every step; once it returns True the batch ends early
+        (see `finish`).
+        """
         random = random or self.policy.is_random
         env = self.env
         assert isinstance(env, BatchedEnv)
         if self.pending_reset():
             self.apply_reset(env._reset_arrays(None, self.seeds), None)
         self.begin(random)
+        steps = self.T
         for t in range(self.T):
+            if preempt is not None and preempt():
+                steps = t
+                break
             action = self.act(t, random)
             done = self.record(t, env._step_arrays(action))
             self.steps_done += 1
             if done is not None:
                 self.apply_reset(env._reset_arrays(done, None), done)
-        return self.finish(out)
+        return self.finish(out, steps)
 
-    async def acollect(self, random: bool, run_sync: Callable[..., Awaitable[Any]]) -> TensorDict:
+    async def acollect(
+        self, random: bool, run_sync: Callable[..., Awaitable[Any]], out: dict[Any, torch.Tensor] | None = None
+    ) -> TensorDict:
         """Collect one batch from an async env on the event loop; the policy runs via ``run_sync``."""
         random = random or self.policy.is_random
         env = self.env
@@ -270,7 +294,7 @@ class Rollout:
             self.steps_done += 1
             if done is not None:
                 self.apply_reset(await env._reset_arrays(done, None), done)
-        return await run_sync(self.finish)
+        return await run_sync(self.finish, out)
 
 
 def _expand(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["CollectorStats"]
+__all__ = ["BufferStats", "CollectorStats"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,48 @@ class CollectorStats:
     workers_alive: int = 0
     restarts: int = 0
     dropped_batches: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return the record as a plain dict (for loggers)."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class BufferStats:
+    """A snapshot of a `ReplayBuffer`'s counters.
+
+    Attributes:
+        size: Frames stored and available to sample (``len(buffer)``).
+        capacity: Frames the storage holds (0 until the first batch arrives).
+        write_count: Frames ever committed.
+        sample_count: Frames ever sampled (``batch_size`` per call).
+        in_flight: Frames reserved by writers and not yet committed.
+        samples_per_insert: Observed ratio of sampled to inserted frames beyond ``min_size``.
+        insert_wait_seconds: Total time writers waited on the rate limiter or capacity.
+        sample_wait_seconds: Total time samplers waited for data or the rate limiter.
+        policy_version: The newest policy version the buffer knows of.
+        stale_dropped: Frames removed because they were older than ``max_policy_lag``.
+        sampled_policy_lag_mean: Mean policy age of sampled frames (versions behind).
+        sampled_policy_lag_max: Largest policy age seen in a sample.
+
+    Examples:
+        >>> from aiocollect import ReplayBuffer
+        >>> ReplayBuffer(100).stats().size
+        0
+    """
+
+    size: int
+    capacity: int
+    write_count: int
+    sample_count: int
+    in_flight: int
+    samples_per_insert: float
+    insert_wait_seconds: float
+    sample_wait_seconds: float
+    policy_version: int
+    stale_dropped: int
+    sampled_policy_lag_mean: float
+    sampled_policy_lag_max: int
 
     def as_dict(self) -> dict[str, Any]:
         """Return the record as a plain dict (for loggers)."""

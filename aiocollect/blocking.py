@@ -7,10 +7,24 @@ running event loop: use the async classes there.
 
 from __future__ import annotations
 
-from . import _collector, _multi
-from ._blocking_base import DataCollectorBase
+from typing import Any
 
-__all__ = ("AsyncCollector", "Collector", "DataCollectorBase", "MultiAsyncCollector", "MultiSyncCollector")
+import torch
+from tensordict import TensorDictBase
+
+from . import _buffer, _collector, _multi
+from ._blocking_base import DataCollectorBase
+from ._portal import Portal as _Portal
+from ._stats import BufferStats as _BufferStats
+
+__all__ = (
+    "AsyncCollector",
+    "Collector",
+    "DataCollectorBase",
+    "MultiAsyncCollector",
+    "MultiSyncCollector",
+    "ReplayBuffer",
+)
 
 
 class Collector(DataCollectorBase):
@@ -69,3 +83,108 @@ class AsyncCollector(DataCollectorBase):
     """
 
     _async_class = _multi.AsyncCollector
+
+
+class ReplayBuffer:
+    """Blocking twin of `aiocollect.ReplayBuffer`: the same buffer, with waits that block the thread.
+
+    Takes the same arguments. `extend`, `sample` and `wait_for` wait (rate limiter,
+    ``min_size``) by blocking the calling thread; the other methods never wait and are
+    safe to call from any thread. A collector given this buffer writes into it directly.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from aiocollect.blocking import ReplayBuffer
+        >>> rb = ReplayBuffer(100, batch_size=2, seed=0)
+        >>> _ = rb.extend(TensorDict(observation=torch.arange(4.0), batch_size=[4]))
+        >>> rb.sample().shape
+        torch.Size([2])
+        >>> rb.close()
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._async = _buffer.ReplayBuffer(*args, **kwargs)
+        self._portal = _Portal("aiocollect.blocking.ReplayBuffer", "aiocollect.ReplayBuffer")
+
+    def extend(self, td: TensorDictBase) -> torch.Tensor:
+        """Append a batch, waiting while the rate limiter holds writers back; returns the indices."""
+        return self._portal.call(self._async.extend, td)
+
+    def sample(self, batch_size: int | None = None) -> TensorDictBase:
+        """Sample frames, waiting for ``min_size`` and the rate limiter; see the async twin."""
+        return self._portal.call(self._async.sample, batch_size)
+
+    def sample_nowait(self, batch_size: int | None = None) -> TensorDictBase:
+        """Sample without waiting (raises ``BufferEmptyError``/``WouldBlock`` instead)."""
+        return self._async.sample_nowait(batch_size)
+
+    def wait_for(self, n: int) -> None:
+        """Block until at least ``n`` frames are stored."""
+        self._portal.call(self._async.wait_for, n)
+
+    def update_priority(self, index: torch.Tensor, priority: torch.Tensor | float) -> None:
+        """Set priorities (with a ``PrioritizedSampler``)."""
+        self._async.update_priority(index, priority)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume; see the async twin."""
+        return self._async.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a `state_dict`."""
+        self._async.load_state_dict(state)
+
+    def dumps(self, path: str) -> None:
+        """Write the buffer to directory ``path``."""
+        self._async.dumps(path)
+
+    def loads(self, path: str) -> None:
+        """Restore a buffer written by `dumps`."""
+        self._async.loads(path)
+
+    def stats(self) -> _BufferStats:
+        """Return a `BufferStats` snapshot."""
+        return self._async.stats()
+
+    @property
+    def write_count(self) -> int:
+        """Frames ever committed."""
+        return self._async.write_count
+
+    @property
+    def policy_version(self) -> int:
+        """The newest policy version the buffer knows of."""
+        return self._async.policy_version
+
+    @policy_version.setter
+    def policy_version(self, version: int) -> None:
+        self._async.policy_version = version
+
+    @property
+    def storage(self) -> Any:
+        """The buffer's `Storage`."""
+        return self._async.storage
+
+    def __len__(self) -> int:
+        return len(self._async)
+
+    def close(self) -> None:
+        """Release the storage and stop the portal thread. Idempotent."""
+        self._async.close_now()
+        self._portal.stop()
+
+    def __enter__(self) -> ReplayBuffer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return repr(self._async).replace("<ReplayBuffer", "<blocking.ReplayBuffer", 1)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - nothing can be raised from __del__
+            pass

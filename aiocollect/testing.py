@@ -30,6 +30,8 @@ class CountingEnv(BatchedEnv):
     Args:
         num_envs: Batch size; ``0`` makes an unbatched env (batch shape ``()``).
         episode_length: Steps per episode, one int for all envs or one per env.
+        first_index: Index of the first env (give each worker its own range so frames
+            name the worker too).
 
     Examples:
         >>> env = CountingEnv(2, episode_length=[2, 3])
@@ -37,7 +39,7 @@ class CountingEnv(BatchedEnv):
         [[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]]
     """
 
-    def __init__(self, num_envs: int = 1, episode_length: int | Sequence[int] = 5) -> None:
+    def __init__(self, num_envs: int = 1, episode_length: int | Sequence[int] = 5, *, first_index: int = 0) -> None:
         shape = torch.Size([num_envs]) if num_envs else torch.Size([])
         n = max(num_envs, 1)
         lengths = [episode_length] * n if isinstance(episode_length, int) else list(episode_length)
@@ -49,7 +51,7 @@ class CountingEnv(BatchedEnv):
             action={"action": ArraySpec((), torch.int64, kind="discrete", n=2)},
         )
         self.lengths = torch.tensor(lengths).reshape(shape)
-        self.index = torch.arange(n, dtype=torch.float32).reshape(shape)
+        self.index = torch.arange(first_index, first_index + n, dtype=torch.float32).reshape(shape)
         self.episode = torch.full(shape, -1.0)
         self.step_idx = torch.zeros(shape)
         self.closed = False

@@ -34,8 +34,8 @@ class WorkerHandle(ABC):
         """Send one command (never blocks for long: commands are small)."""
 
     @abstractmethod
-    def send_block(self, block: SharedBlock) -> None:
-        """Hand the worker a shared block (after a ``("slots", ...)`` command)."""
+    def send_fd(self, fd: int) -> None:
+        """Hand the worker a file descriptor (after a command that announces one)."""
 
     @abstractmethod
     def receive_nowait(self) -> tuple[Any, ...] | None:

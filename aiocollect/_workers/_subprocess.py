@@ -90,8 +90,8 @@ class SubprocessWorker(WorkerHandle):
         except (OSError, EOFError, ValueError):
             pass  # the worker is gone; receive() reports how it ended
 
-    def send_block(self, block: SharedBlock) -> None:
-        send_handle(self._conn, block.fd, self._process.pid)
+    def send_fd(self, fd: int) -> None:
+        send_handle(self._conn, fd, self._process.pid)
 
     def receive_nowait(self) -> tuple[Any, ...] | None:
         conn = self._conn

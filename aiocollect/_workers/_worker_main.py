@@ -2,8 +2,12 @@
 
 Protocol (tuples over the worker's connection; tensors never travel through it):
 
-parent -> worker: ``("slots", n, slot_bytes)`` followed by the block's fd, ``("collect", slot,
-random)``, ``("weights", version)``, ``("seed", SeedSequence)``, ``("reset",)``, ``("close",)``.
+parent -> worker: ``("slots", n, slot_bytes)`` followed by the block's fd (``n`` slots, then
+one int64 control word: the sequence number of a batch to cut short), ``("storage", handle,
+has_fd)`` (a replay buffer's storage to write into; followed by its fd if ``has_fd``),
+``("collect", slot, random, seq, pieces)`` (``pieces``: ``None`` to fill ``slot``, or the
+buffer rows to fill), ``("weights", version)``, ``("seed", SeedSequence)``, ``("reset",)``,
+``("close",)``.
 
 worker -> parent: ``("layout", layout)``, ``("ready", pid)``, ``("batch", slot)``, ``("ack",
 version)``, ``("error", step, pickled exception or None, "Type: message", traceback text)``.
@@ -41,6 +45,7 @@ class WorkerConfig:
     policy_version: int
     seed: Any  # numpy SeedSequence or None
     traj_start: int  # first trajectory id this worker may use (restarted workers move on)
+    preemptible: bool = False  # poll the control word every step (MultiSync's preemptive_threshold)
 
 
 def _load_weights(policy: Any, views: dict[str, Any]) -> None:
@@ -136,9 +141,11 @@ def _setup(conn: Any, cfg: WorkerConfig, weights_fd: Any, weights_bytes: int) ->
         conn.send(("layout", layout))
         kind, n_slots, slot_bytes = conn.recv()
         assert kind == "slots"
-        block = SharedBlock(n_slots * slot_bytes, recv_handle(conn))
+        block = SharedBlock(n_slots * slot_bytes + 64, recv_handle(conn))
         block.close_fd()
         rollout.slots = [block.views(layout, i * slot_bytes) for i in range(n_slots)]
+        rollout.control = block.views([("seq", (1,), torch.int64)], n_slots * slot_bytes)["seq"]
+        rollout.storage = None
         conn.send(("ready", os.getpid()))
         return rollout
     except BaseException:
@@ -151,9 +158,14 @@ def _serve(conn: Any, cfg: WorkerConfig, rollout: Any) -> None:
         cmd = conn.recv()
         kind = cmd[0]
         if kind == "collect":
-            _, slot, random = cmd
-            rollout.collect(random, out=rollout.slots[slot])
-            conn.send(("batch", slot))
+            _collect(rollout, cfg, *cmd[1:])
+            conn.send(("batch", cmd[1]))
+        elif kind == "storage":
+            from multiprocessing.reduction import recv_handle
+
+            from .._storage import attach_storage
+
+            rollout.storage = attach_storage(cmd[1], recv_handle(conn) if cmd[2] else None)
         elif kind == "weights":
             adapter = rollout.policy
             with adapter.lock:
@@ -172,3 +184,22 @@ def _serve(conn: Any, cfg: WorkerConfig, rollout: Any) -> None:
             return
         else:  # pragma: no cover - a protocol bug, reported like any worker error
             raise RuntimeError(f"unknown worker command {kind!r}")
+
+
+def _collect(rollout: Any, cfg: WorkerConfig, slot: int, random: bool, seq: int, pieces: Any) -> None:
+    control = rollout.control
+    preempt = (lambda: int(control[0]) == seq) if cfg.preemptible else None
+    if pieces is not None and len(pieces) == 1:
+        # Straight into the replay buffer's rows: the batch is copied exactly once.
+        start, n = pieces[0]
+        shape = rollout.slots[slot][("collector", "worker_id")].shape
+        out = {k: t[start : start + n].view(*shape, *t.shape[1:]) for k, t in rollout.storage.items()}
+        rollout.collect(random, out=out, preempt=preempt)
+        return
+    batch = rollout.collect(random, out=rollout.slots[slot], preempt=preempt)
+    if pieces is not None:  # the rows wrap around the end of the ring: copy in two runs
+        offset = 0
+        for start, n in pieces:
+            for k, t in rollout.storage.items():
+                t[start : start + n].copy_(batch.get(k).reshape(-1, *t.shape[1:])[offset : offset + n])
+            offset += n

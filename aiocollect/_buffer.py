@@ -1,0 +1,526 @@
+"""ReplayBuffer: an awaitable ring of frames with Reverb-style rate limiting.
+
+Writers (``extend``, or collectors whose workers write in place) first *reserve* a run of
+rows, fill it, then *commit* it; samplers only ever see committed rows. Every piece of
+shared state is guarded by one lock, and every wait goes through a `Notifier`, so a
+collector and a trainer may run on different event loops or threads.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import torch
+from tensordict import TensorDictBase
+
+from ._errors import BufferClosedError, BufferEmptyError, WouldBlock
+from ._notify import Notifier
+from ._samplers import SampleContext, make_sampler
+from ._stats import BufferStats
+from ._storage import Storage, frame_layout, make_storage
+
+__all__ = ["ReplayBuffer", "Reservation"]
+
+_INLINE_BYTES = 1 << 20  # copies above this size run in a worker thread, off the event loop
+_POLICY_VERSION = ("collector", "policy_version")
+
+
+def _positive_int(name: str, value: Any, *, allow_none: bool = False, minimum: int = 1) -> Any:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        kind = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise ValueError(f"{name} must be {kind}{' or None' if allow_none else ''}, got {value!r}")
+    return value
+
+
+@dataclass
+class Reservation:
+    """Rows handed to a writer: ``pieces`` of the ring, ``n`` frames, shaped like ``batch_shape``."""
+
+    pieces: list[tuple[int, int]]
+    index: torch.Tensor
+    batch_shape: tuple[int, ...]
+
+    @property
+    def n(self) -> int:
+        return int(self.index.numel())
+
+
+class ReplayBuffer:
+    """A replay buffer whose writers and readers ``await`` each other instead of polling.
+
+    Frames live in a preallocated ring (`MemoryStorage` by default, `SharedMemoryStorage`
+    when worker processes write into it, `MemmapStorage` for more than RAM), built from the
+    first batch. ``sample`` waits until ``min_size`` frames are stored; with
+    ``samples_per_insert`` the buffer also keeps the ratio of sampled to inserted frames
+    near that value, like Reverb's ``SampleToInsertRatio``: ``extend`` waits when the learner
+    falls behind and ``sample`` waits when the collectors fall behind (by more than
+    ``tolerance`` frames either way, checked before each call). Nothing is dropped or polled.
+
+    Collectors take it as ``replay_buffer=`` and then write into it directly. The buffer is
+    safe to use from several event loops and threads at once.
+
+    Args:
+        capacity: Frames the ring holds; older frames are overwritten first.
+        batch_size: Default ``batch_size`` of `sample`.
+        storage: ``None``/``"memory"``, ``"shared"``, ``"memmap"`` or a `Storage` instance.
+        sampler: ``None``/``"random"``, ``"without_replacement"`` or a sampler instance
+            (`RandomSampler`, `SamplerWithoutReplacement`, `PrioritizedSampler`, `SliceSampler`).
+        min_size: `sample` waits until this many frames have been written.
+        samples_per_insert: Target ratio of sampled frames to inserted frames (beyond
+            ``min_size``); ``None`` disables rate limiting.
+        tolerance: How far (in frames) sampling may run ahead of or behind the target
+            ratio; default ``2 * max(batch_size or 1, samples_per_insert)``.
+        transform: A callable applied to every sampled TensorDict (e.g. moving it to a device).
+        max_policy_lag: Drop frames collected with a policy more than this many versions
+            older than `policy_version` (``None`` keeps everything).
+        seed: Seed of the sampling generator (``None``: nondeterministic).
+
+    Examples:
+        >>> import anyio, torch
+        >>> from tensordict import TensorDict
+        >>> from aiocollect import ReplayBuffer
+        >>> async def main():
+        ...     rb = ReplayBuffer(1000, batch_size=4, seed=0)
+        ...     await rb.extend(TensorDict(observation=torch.arange(10.0), batch_size=[10]))
+        ...     return (await rb.sample())["observation"].shape
+        >>> anyio.run(main)
+        torch.Size([4])
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        batch_size: int | None = None,
+        storage: Storage | str | None = None,
+        sampler: Any = None,
+        min_size: int = 0,
+        samples_per_insert: float | None = None,
+        tolerance: float | None = None,
+        transform: Callable[[TensorDictBase], TensorDictBase] | None = None,
+        max_policy_lag: int | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self.capacity = _positive_int("capacity", capacity)
+        self.batch_size = _positive_int("batch_size", batch_size, allow_none=True)
+        self.min_size = _positive_int("min_size", min_size, minimum=0)
+        if self.min_size > capacity:
+            raise ValueError(f"min_size ({min_size}) must not exceed capacity ({capacity}); lower min_size")
+        spi = samples_per_insert
+        if spi is not None and (isinstance(spi, bool) or not isinstance(spi, (int, float)) or not spi > 0):
+            raise ValueError(f"samples_per_insert must be a positive number or None, got {spi!r}")
+        self.samples_per_insert = None if spi is None else float(spi)
+        if tolerance is not None and (isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance > 0):
+            raise ValueError(f"tolerance must be a positive number of frames or None, got {tolerance!r}")
+        if tolerance is None and spi is not None:
+            tolerance = 2.0 * max(self.batch_size or 1, float(spi))
+        self.tolerance = None if tolerance is None else float(tolerance)
+        if transform is not None and not callable(transform):
+            raise TypeError(f"transform must be a callable taking and returning a TensorDict, got {transform!r}")
+        self.transform = transform
+        self.max_policy_lag = _positive_int("max_policy_lag", max_policy_lag, allow_none=True, minimum=0)
+        _positive_int("seed", seed, allow_none=True, minimum=0)
+        self.storage = make_storage(storage)
+        self.sampler = make_sampler(sampler)
+        self._notifier = Notifier()
+        self._lock = self._notifier.lock
+        self._generator = torch.Generator()
+        if seed is None:
+            self._generator.seed()
+        else:
+            self._generator.manual_seed(seed)
+        self._valid = torch.zeros(0, dtype=torch.bool)
+        self._num_valid = self._cursor = self._size = self._in_flight = 0
+        self._written = self._sampled = self._stale_dropped = 0
+        self._policy_version = 0
+        self._lag_sum = self._lag_count = self._lag_max = 0
+        self._insert_wait = self._sample_wait = 0.0
+        self._error: BaseException | None = None
+        self._error_delivered = False
+        self._closed = False
+
+    # -- counters ----------------------------------------------------------------------------
+    def __len__(self) -> int:
+        """Frames stored and available to sample."""
+        return self._num_valid
+
+    @property
+    def write_count(self) -> int:
+        """Frames ever committed to the buffer."""
+        return self._written
+
+    @property
+    def policy_version(self) -> int:
+        """The newest policy version the buffer knows of (collectors keep it up to date)."""
+        return self._policy_version
+
+    @policy_version.setter
+    def policy_version(self, version: int) -> None:
+        with self._lock:
+            self._policy_version = max(self._policy_version, int(version))
+            if self.max_policy_lag is not None and self._num_valid:
+                self._drop_stale(torch.nonzero(self._valid).flatten())
+        self._notifier.notify_all()
+
+    def stats(self) -> BufferStats:
+        """Return a `BufferStats` snapshot."""
+        with self._lock:
+            beyond = self._written - self.min_size
+            return BufferStats(
+                size=self._num_valid, capacity=self.storage.capacity, write_count=self._written,
+                sample_count=self._sampled, in_flight=self._in_flight,
+                samples_per_insert=self._sampled / beyond if beyond > 0 else 0.0,
+                insert_wait_seconds=self._insert_wait, sample_wait_seconds=self._sample_wait,
+                policy_version=self._policy_version, stale_dropped=self._stale_dropped,
+                sampled_policy_lag_mean=self._lag_sum / self._lag_count if self._lag_count else 0.0,
+                sampled_policy_lag_max=self._lag_max,
+            )  # fmt: skip
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{self.storage.kind} storage"
+        return (
+            f"<ReplayBuffer [{state} | {self._num_valid}/{self.capacity} frames | written: {self._written} "
+            f"| sampled: {self._sampled} | sampler: {type(self.sampler).__name__}]>"
+        )
+
+    # -- rate limiting -------------------------------------------------------------------------
+    def _raise_if_unusable(self) -> None:
+        if self._error is not None:
+            self._error_delivered = True
+            raise self._error
+        if self._closed:
+            raise BufferClosedError("this ReplayBuffer was closed; create a new one")
+
+    def _insert_allowed(self, n: int) -> bool:
+        if self._error is not None or self._closed:
+            return True  # wake up to raise
+        if self._in_flight + n > (self.storage.capacity or self.capacity):
+            return False
+        spi, inserted = self.samples_per_insert, self._written + self._in_flight
+        if spi is None or inserted < self.min_size:
+            return True
+        return spi * (inserted - self.min_size) - self._sampled < self.tolerance  # type: ignore[operator]
+
+    def _sample_allowed(self) -> bool:
+        if self._error is not None or self._closed:
+            return True
+        if self._num_valid == 0 or self._written < self.min_size:
+            return False
+        spi = self.samples_per_insert
+        return spi is None or spi * (self._written - self.min_size) - self._sampled > -self.tolerance  # type: ignore[operator]
+
+    async def _wait(self, predicate: Callable[[], bool]) -> float:
+        start = time.perf_counter()
+        await self._notifier.wait_until(predicate)
+        return time.perf_counter() - start
+
+    # -- writing -------------------------------------------------------------------------------
+    def _frames_of(self, td: TensorDictBase) -> tuple[int, tuple[int, ...], int]:
+        """(frame count, batch shape, batch dims) of a batch; checks the storage's ndim rule."""
+        if not isinstance(td, TensorDictBase):
+            raise TypeError(f"extend() takes a TensorDict, got {type(td).__name__}")
+        dims = td.batch_dims
+        if self.storage.ndim == 2 and dims < 1:
+            raise ValueError("an ndim=2 buffer stores [..., time] rollouts; extend with a batch that has a time dim")
+        return td.numel(), tuple(td.batch_size), dims
+
+    def build(self, layout: Any, row_length: int) -> None:
+        """Allocate the storage for frames of ``layout`` (done by the first `extend` otherwise)."""
+        with self._lock:
+            if self.storage.built:
+                return
+            self.storage.build(self.capacity, layout, row_length)
+            self._valid = torch.zeros(self.storage.capacity, dtype=torch.bool)
+            self.sampler.reset(self.storage.capacity)
+
+    async def reserve(self, n: int, batch_shape: tuple[int, ...]) -> Reservation:
+        """Wait until ``n`` frames may be written, then hand out the rows to write them to.
+
+        The rows are removed from sampling until `commit`. Used by `extend` and by collectors.
+        """
+        self._raise_if_unusable()
+        if n > self.storage.capacity:
+            raise ValueError(
+                f"a batch of {n} frames does not fit in a buffer of {self.storage.capacity} frames; raise capacity"
+            )
+        waited = await self._wait(lambda: self._insert_allowed(n))
+        with self._lock:
+            self._insert_wait += waited
+            self._raise_if_unusable()
+            return self._reserve_now(n, batch_shape)
+
+    def try_reserve(self, n: int, batch_shape: tuple[int, ...]) -> Reservation | None:
+        """`reserve` without waiting: ``None`` if the rate limiter or capacity says wait."""
+        with self._lock:
+            self._raise_if_unusable()
+            if n > self.storage.capacity or not self._insert_allowed(n):
+                return None
+            return self._reserve_now(n, batch_shape)
+
+    async def reserve_many(self, requests: list[tuple[int, tuple[int, ...]]]) -> list[Reservation]:
+        """Reserve rows for several batches at once (one wait, so none is held while waiting)."""
+        total = sum(n for n, _ in requests)
+        self._raise_if_unusable()
+        if total > self.storage.capacity:
+            raise ValueError(
+                f"{len(requests)} batches of {total} frames in all do not fit in a buffer of "
+                f"{self.storage.capacity} frames; raise capacity"
+            )
+        waited = await self._wait(lambda: self._insert_allowed(total))
+        with self._lock:
+            self._insert_wait += waited
+            self._raise_if_unusable()
+            return [self._reserve_now(n, shape) for n, shape in requests]
+
+    def _reserve_now(self, n: int, batch_shape: tuple[int, ...]) -> Reservation:
+        cap, start = self.storage.capacity, self._cursor
+        first = min(n, cap - start)
+        pieces = [(start, first)] + ([(0, n - first)] if n > first else [])
+        index = torch.cat([torch.arange(s, s + k) for s, k in pieces]) if len(pieces) > 1 else torch.arange(start, start + n)
+        self._cursor = (start + n) % cap
+        self._size = cap if self._size == cap or start + n >= cap else max(self._size, start + n)
+        self._invalidate(index)
+        self._in_flight += n
+        return Reservation(pieces, index, tuple(batch_shape))
+
+    def _invalidate(self, index: torch.Tensor) -> None:
+        dropped = int(self._valid[index].sum())
+        if dropped:
+            self._valid[index] = False
+            self._num_valid -= dropped
+        self.sampler.invalidate(index)
+
+    def _drop_stale(self, index: torch.Tensor) -> None:
+        versions = self.storage.tensors.get(_POLICY_VERSION)
+        if versions is None or self.max_policy_lag is None:
+            return
+        stale = index[versions[index] < self._policy_version - self.max_policy_lag]
+        if stale.numel():
+            stale = stale[self._valid[stale]]
+            self._stale_dropped += int(stale.numel())
+            self._invalidate(stale)
+
+    def commit(self, reservation: Reservation, *, drop_unfilled: bool = False) -> int:
+        """Make the reserved rows (now written) available to sampling, and wake waiters.
+
+        With ``drop_unfilled``, frames whose ``("collector", "policy_version")`` is ``-1``
+        (steps a preempted batch never collected) stay out of the buffer.
+
+        Returns:
+            The number of frames committed.
+        """
+        with self._lock:
+            index = reservation.index
+            self._in_flight -= reservation.n
+            versions = self.storage.tensors.get(_POLICY_VERSION)
+            if drop_unfilled and versions is not None:
+                index = index[versions[index] >= 0]
+            self._valid[index] = True
+            self._num_valid += index.numel()
+            self._written += index.numel()
+            self.sampler.extend(index)
+            if self.max_policy_lag is not None:
+                self._drop_stale(index)
+        self._notifier.notify_all()
+        return int(index.numel())
+
+    def abort(self, reservation: Reservation) -> None:
+        """Give up a reservation whose writer failed: its rows stay empty until overwritten."""
+        with self._lock:
+            self._in_flight -= reservation.n
+        self._notifier.notify_all()
+
+    async def extend(self, td: TensorDictBase) -> torch.Tensor:
+        """Append a batch (any batch shape; frames are stored in row-major order).
+
+        Waits while the rate limiter says the learner is behind, or while writers in flight
+        hold the whole ring.
+
+        Args:
+            td: A TensorDict of frames. The first call fixes the keys, shapes and dtypes.
+
+        Returns:
+            The ring indices the frames were written to.
+
+        Raises:
+            ValueError: The batch does not match the stored layout, or exceeds the capacity.
+        """
+        self._raise_if_unusable()
+        n, shape, dims = self._frames_of(td)
+        if not self.storage.built:
+            self.build(frame_layout(td, dims), shape[-1] if dims else 1)
+        self.storage.check(td, dims)
+        res = await self.reserve(n, shape)
+        try:
+            flat = {k: v.reshape(n, *v.shape[dims:]) for k, v in td.items(include_nested=True, leaves_only=True)}
+            if n * sum(t[0].numel() * t.element_size() for t in self.storage.tensors.values()) > _INLINE_BYTES:
+                await anyio.to_thread.run_sync(self.storage.write, res.pieces, flat)
+            else:
+                self.storage.write(res.pieces, flat)
+        except BaseException:
+            self.abort(res)
+            raise
+        self.commit(res)
+        return res.index
+
+    # -- sampling ------------------------------------------------------------------------------
+    def _batch_size(self, batch_size: int | None) -> int:
+        bs = self.batch_size if batch_size is None else batch_size
+        if bs is None:
+            raise ValueError("sample() needs a batch_size: pass one here or to ReplayBuffer(batch_size=...)")
+        return _positive_int("batch_size", bs)
+
+    def _context(self) -> SampleContext:
+        t = self.storage.tensors
+        return SampleContext(
+            valid=self._valid, num_valid=self._num_valid, size=self._size,
+            traj_ids=t.get(("collector", "traj_ids")), worker_ids=t.get(("collector", "worker_id")),
+            row_length=self.storage.row_length,
+        )  # fmt: skip
+
+    def _sample_now(self, batch_size: int) -> TensorDictBase:
+        with self._lock:
+            index, info = self.sampler.sample(self._context(), batch_size, self._generator)
+            td = self.storage.gather(index)
+            self._sampled += batch_size
+            versions = td.get(_POLICY_VERSION, None)
+            if versions is not None and versions.numel():
+                lag = self._policy_version - versions
+                self._lag_sum += int(lag.sum())
+                self._lag_count += int(lag.numel())
+                self._lag_max = max(self._lag_max, int(lag.max()))
+        self._notifier.notify_all()  # a sample may let a rate-limited writer go on
+        td.set("index", index)
+        for k, v in info.items():
+            td.set(k, v)
+        return td if self.transform is None else self.transform(td)
+
+    async def sample(self, batch_size: int | None = None) -> TensorDictBase:
+        """Sample frames, waiting until ``min_size`` is reached and the rate limiter allows it.
+
+        Args:
+            batch_size: Frames to sample (default: the buffer's ``batch_size``).
+
+        Returns:
+            A TensorDict ``[batch_size]`` with the stored keys, ``"index"`` (ring positions) and
+            the sampler's extras (``"_weight"`` for `PrioritizedSampler`).
+
+        Raises:
+            WorkerError: A collector feeding this buffer in the background failed.
+        """
+        bs = self._batch_size(batch_size)
+        while True:
+            self._raise_if_unusable()
+            waited = await self._wait(self._sample_allowed)
+            with self._lock:
+                self._sample_wait += waited
+                self._raise_if_unusable()
+                written = self._written
+            try:
+                if self.storage.built and bs * self._frame_bytes() > _INLINE_BYTES:
+                    return await anyio.to_thread.run_sync(self._sample_now, bs)
+                return self._sample_now(bs)
+            except BufferEmptyError:
+                # The sampler needs more than is stored (e.g. a whole slice): wait for a write.
+                waited = await self._wait(lambda: self._written > written or self._error is not None or self._closed)
+                self._sample_wait += waited
+
+    def _frame_bytes(self) -> int:
+        return sum(t[0].numel() * t.element_size() for t in self.storage.tensors.values())
+
+    def sample_nowait(self, batch_size: int | None = None) -> TensorDictBase:
+        """Sample without waiting.
+
+        Raises:
+            BufferEmptyError: Nothing is stored yet (or less than ``min_size``).
+            WouldBlock: The rate limiter says the collectors are behind.
+        """
+        bs = self._batch_size(batch_size)
+        with self._lock:
+            self._raise_if_unusable()
+            if self._num_valid == 0 or self._written < self.min_size:
+                raise BufferEmptyError(
+                    f"sample() called on a buffer holding {self._num_valid} frames (min_size {self.min_size}); "
+                    f"await buffer.wait_for({max(self.min_size, 1)}) first"
+                )
+            if not self._sample_allowed():
+                raise WouldBlock("sample_nowait() would wait: sampling is ahead of samples_per_insert; await sample()")
+        return self._sample_now(bs)
+
+    async def wait_for(self, n: int) -> None:
+        """Wait until at least ``n`` frames are stored (``len(buffer) >= n``)."""
+        n = _positive_int("n", n, minimum=0)
+        if n > self.capacity:
+            raise ValueError(f"wait_for({n}) can never return: the buffer holds at most {self.capacity} frames")
+        self._raise_if_unusable()
+        await self._wait(lambda: self._num_valid >= n or self._error is not None or self._closed)
+        self._raise_if_unusable()
+
+    def update_priority(self, index: torch.Tensor, priority: torch.Tensor | float) -> None:
+        """Set the priorities of frames (``index`` as returned in a sample's ``"index"``)."""
+        update = getattr(self.sampler, "update_priority", None)
+        if update is None:
+            raise TypeError(f"update_priority() needs a PrioritizedSampler, this buffer uses {type(self.sampler).__name__}")
+        with self._lock:
+            update(index, priority)
+
+    # -- failure and closing -------------------------------------------------------------------
+    def fail(self, error: BaseException) -> None:
+        """Record a producer's failure: every later `sample`/`extend`/`wait_for` raises it."""
+        with self._lock:
+            if self._error is None:
+                self._error = error
+        self._notifier.notify_all()
+
+    async def aclose(self) -> None:
+        """Release the storage and wake every waiter (they raise `BufferClosedError`). Idempotent."""
+        self.close_now()
+
+    def close_now(self) -> None:
+        """Synchronous `aclose` (also used by the blocking twin and garbage collection)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self.storage.close()
+        self._notifier.notify_all()
+
+    # -- persistence -----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume: frames, validity, counters, sampler and RNG state."""
+        from ._buffer_io import state_dict
+
+        return state_dict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a `state_dict` (the capacity and layout must match)."""
+        from ._buffer_io import load_state_dict
+
+        load_state_dict(self, state)
+        self._notifier.notify_all()
+
+    def dumps(self, path: str) -> None:
+        """Write the buffer (frames as memory-mapped files, plus its state) to directory ``path``."""
+        from ._buffer_io import dumps
+
+        dumps(self, path)
+
+    def loads(self, path: str) -> None:
+        """Restore a buffer written by `dumps` (the frame files are mapped, then copied in)."""
+        from ._buffer_io import loads
+
+        loads(self, path)
+        self._notifier.notify_all()
+
+    def __del__(self) -> None:
+        # Memory needs no warning (it is freed with the object); a temporary memmap
+        # directory does need deleting.
+        if not getattr(self, "_closed", True):
+            self.close_now()

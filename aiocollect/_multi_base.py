@@ -1,0 +1,407 @@
+"""The engine shared by the multi-process collectors: workers, slots, weights and supervision.
+
+The parent never touches an env. Each worker runs the same rollout engine as `Collector` in
+its own process and writes each batch into one of its two shared-memory slots (or, with a
+replay buffer, straight into the buffer's rows); the parent reads a finished slot and hands
+it back. Pipes carry only the small commands of ``_workers._worker_main``.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import cloudpickle
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from ._errors import CollectorClosedError, WorkerCrashedError, worker_error_from_message
+from ._lifecycle import CollectorLifecycle
+from ._multi_config import MultiConfig
+from ._pump import Pump
+from ._seeding import check_seed
+from ._shm import SharedBlock, layout_nbytes
+from ._storage import SharedMemoryStorage
+from ._workers import get_worker_backend
+from ._workers._base import WorkerHandle
+from ._workers._worker_main import WorkerConfig
+from ._weights import WeightBlock
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
+
+__all__ = ["SLOTS", "MultiCollectorBase"]
+
+SLOTS = 2  # double buffering: a worker fills one slot while the parent reads the other
+_CONTROL = 64  # bytes after a worker's slots: its preemption word (the batch to cut short)
+
+
+class MultiCollectorBase(CollectorLifecycle):
+    """What `MultiSyncCollector` and `MultiAsyncCollector` share (not public)."""
+
+    def _init_multi(self, mc: MultiConfig, policy: Any, replay_buffer: Any) -> None:
+        self._mc, self._cfg = mc, mc.cfg
+        self._backend = get_worker_backend(mc.backend)
+        self._policy = policy
+        self._num_workers = n = mc.num_workers
+        self._restarts_left = mc.restart_workers
+        self._version = self._restarts = self._dropped_batches = self._seq = 0
+        self._generation = [0] * n
+        self._seed_root: np.random.SeedSequence | None = None
+        self._worker_seeds: list[Any] = [None] * n
+        self._weights = WeightBlock.for_policy(policy)
+        self._workers: list[WorkerHandle] = []
+        self._slots: list[list[dict[Any, torch.Tensor]]] = [[] for _ in range(n)]
+        self._control: list[torch.Tensor | None] = [None] * n
+        self._outstanding: list[dict[int, Any]] = [{} for _ in range(n)]  # slot -> reservation (or None)
+        self._idle: list[list[int]] = [list(range(SLOTS)) for _ in range(n)]  # slots free to dispatch
+        self._batch_shapes: dict[int, tuple[int, ...]] = {}
+        self._saved_threads: int | None = None
+        self._pump: Pump | None = None
+        self._update_lock: anyio.Lock | None = None
+        for w in range(n):  # fail on unpicklable factories now, before anything is spawned
+            self._config_bytes(w)
+        self._init_lifecycle(mc.cfg.total_frames, mc.total_fpb, mc.cfg.max_queued_batches, replay_buffer)
+        rb = self._rb
+        if rb is not None and not rb.storage.shareable:
+            if rb.storage.built:
+                raise TypeError(
+                    f"the replay buffer's {type(rb.storage).__name__} lives in this process only; worker processes "
+                    "write into SharedMemoryStorage or MemmapStorage: pass storage=SharedMemoryStorage() to it"
+                )
+            rb.storage = SharedMemoryStorage(ndim=rb.storage.ndim)  # not built yet: no data to move
+        # Post-processing runs in the parent, so those batches reach the buffer through it.
+        self._direct = rb is not None and not (self._cfg.split_trajs or self._cfg.postproc is not None)
+
+    def _config_bytes(self, w: int) -> bytes:
+        mc = self._mc
+        cfg = WorkerConfig(
+            worker_id=w, num_workers=self._num_workers, collector=mc.worker_cfgs[w],
+            policy=None if mc.factories[w] is not None else self._policy, policy_factory=mc.factories[w],
+            num_sub_threads=mc.num_sub_threads, weights_layout=self._weights.layout if self._weights else None,
+            policy_version=self._version, seed=self._worker_seeds[w],
+            traj_start=w + self._num_workers * (self._generation[w] << 40),
+            preemptible=mc.preemptive_threshold is not None,
+        )  # fmt: skip
+        try:
+            return cloudpickle.dumps(cfg)
+        except Exception as exc:
+            raise TypeError(
+                f"the env factory or policy for worker {w} cannot be pickled for the worker process ({exc}); "
+                "pass module-level functions, lambdas or functools.partial objects"
+            ) from exc
+
+    # -- lifecycle hooks ---------------------------------------------------------------------
+    async def _start(self) -> None:
+        # TorchRL's default: leave the cores to the workers (restored at shutdown).
+        if self._weights is not None:  # the policy may have changed since construction
+            self._weights.copy_in(self._weights.state_of(self._policy))
+        self._saved_threads = torch.get_num_threads()
+        torch.set_num_threads(self._mc.num_threads or max(1, self._saved_threads - self._num_workers))
+        self._update_lock = anyio.Lock()
+        self._workers = [self._backend(w, self._mc.start_method) for w in range(self._num_workers)]
+        self._pump = Pump(self._workers, self._on_exit)
+        errors: list[BaseException] = []
+
+        async def start(w: int) -> None:
+            try:
+                await self._start_worker(w)
+            except Exception as exc:  # noqa: BLE001 - collected and raised below
+                errors.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            for w in range(self._num_workers):
+                tg.start_soon(start, w)
+        if errors:
+            raise errors[0] if len(errors) == 1 else BaseExceptionGroup("several workers failed to start", errors)
+
+    async def _start_worker(self, w: int) -> None:
+        handle = self._workers[w]
+        await handle.start(self._config_bytes(w), self._weights.block if self._weights else None)
+        for expected in ("layout", "ready"):
+            msg = await handle.receive()
+            if msg[0] == "error":
+                raise worker_error_from_message(w, handle.pid, msg)
+            if msg[0] == "exited":
+                raise WorkerCrashedError(w, handle.pid, msg[1], during_startup=True)
+            if msg[0] != expected:
+                raise RuntimeError(f"worker {w} sent {msg[0]!r} during startup, expected {expected!r}")
+            if expected == "layout":
+                self._give_slots(w, handle, msg[1])
+        assert self._pump is not None
+        self._pump.alive[w] = True
+        self._pump.acked[w] = self._version
+
+    def _give_slots(self, w: int, handle: WorkerHandle, layout: Any) -> None:
+        slot_bytes = layout_nbytes(layout)
+        block = SharedBlock(SLOTS * slot_bytes + _CONTROL)
+        handle.send(("slots", SLOTS, slot_bytes))
+        assert block.fd is not None
+        handle.send_fd(block.fd)
+        self._slots[w] = [block.views(layout, i * slot_bytes) for i in range(SLOTS)]
+        self._control[w] = block.views([("seq", (1,), torch.int64)], SLOTS * slot_bytes)["seq"]
+        block.close_fd()
+        self._batch_shapes[w] = tuple(self._slots[w][0][("collector", "worker_id")].shape)
+        if self._direct:
+            shape = self._batch_shapes[w]
+            frames = [(k, s[len(shape) :], d) for k, s, d in layout]
+            self._rb.build(frames, shape[-1])
+            self._rb.storage.check_layout(frames)
+            handle_info, fd = self._rb.storage.share()
+            handle.send(("storage", handle_info, fd is not None))
+            if fd is not None:
+                handle.send_fd(fd)
+
+    async def _on_exit(self, w: int, exitcode: int | None) -> None:
+        assert self._pump is not None
+        pid = self._workers[w].pid
+        await self._workers[w].stop(self._cfg.shutdown_timeout)
+        lost = sorted(self._outstanding[w])
+        for slot in lost:  # their rows were never (fully) written
+            self._release_slot(w, slot, commit=False)
+        if self._restarts_left <= 0 or self._closed:
+            self._pump.failures.append(WorkerCrashedError(w, pid, exitcode))
+            return
+        # Supervision: a fresh process, a fresh seed stream, the current weights; the batches
+        # it had in flight are dropped (and counted), then asked for again.
+        self._restarts_left -= 1
+        self._restarts += 1
+        self._generation[w] += 1
+        self._dropped_batches += len(lost)
+        self._pump.pending[w].clear()
+        if self._seed_root is not None:
+            self._worker_seeds[w] = self._seed_root.spawn(1)[0]
+        self._workers[w] = self._pump.workers[w] = self._backend(w, self._mc.start_method)
+        await self._start_worker(w)
+        await self._redispatch_after_restart(w, lost)
+
+    async def _redispatch_after_restart(self, w: int, lost: list[int]) -> None:
+        for slot in lost:
+            await self._dispatch(w, slot)
+
+    async def _close_resources(self) -> None:
+        timeout = self._cfg.shutdown_timeout
+        with anyio.move_on_after(timeout * 3):
+            async with anyio.create_task_group() as tg:
+                for handle in self._workers:
+                    tg.start_soon(handle.stop, timeout)
+        self._close_now()
+
+    def _close_now(self) -> None:
+        for handle in self._workers:
+            handle.kill_now()
+        for w in range(self._num_workers):  # workers are gone: nothing more will be written
+            for slot in list(self._outstanding[w]):
+                self._release_slot(w, slot, commit=False)
+        if self._weights is not None:
+            self._weights.close()
+        # Dropping the views unmaps the blocks (each mapping holds a descriptor until then).
+        self._slots = [[] for _ in range(self._num_workers)]
+        self._control = [None] * self._num_workers
+        if self._saved_threads is not None:
+            torch.set_num_threads(self._saved_threads)
+            self._saved_threads = None
+
+    def _policy_version(self) -> int:
+        return self._version
+
+    def _repr_extra(self) -> str:
+        alive = sum(self._pump.alive) if self._pump is not None else 0
+        return f"workers: {alive}/{self._num_workers} alive, {self._restarts} restarted"
+
+    # -- collection --------------------------------------------------------------------------
+    def _random(self) -> bool:
+        done = self._rb.write_count if self._rb is not None else self._frames
+        return done < self._cfg.init_random_frames
+
+    def _in_flight(self) -> int:
+        return sum(len(o) for o in self._outstanding)
+
+    def _frames_of(self, w: int) -> int:
+        return math.prod(self._batch_shapes[w])
+
+    def _send_collect(self, w: int, slot: int, reservation: Any) -> None:
+        self._idle[w].remove(slot)
+        self._outstanding[w][slot] = reservation
+        self._seq += 1
+        pieces = None if reservation is None else reservation.pieces
+        self._workers[w].send(("collect", slot, self._random(), self._seq, pieces))
+
+    async def _dispatch(self, w: int, slot: int) -> None:
+        """Ask worker ``w`` for a batch in ``slot`` (waiting for buffer room if needed)."""
+        if self._paused:
+            return  # stays idle; resumed by _resume_dispatch
+        res = await self._rb.reserve(self._frames_of(w), self._batch_shapes[w]) if self._direct else None
+        if self._paused and res is not None:  # paused while waiting for room
+            self._rb.abort(res)
+            return
+        self._send_collect(w, slot, res)
+
+    def _dispatch_nowait(self, w: int, slot: int) -> bool:
+        if self._paused:
+            return False
+        res = None
+        if self._direct:
+            res = self._rb.try_reserve(self._frames_of(w), self._batch_shapes[w])
+            if res is None:
+                return False
+        self._send_collect(w, slot, res)
+        return True
+
+    async def _resume_dispatch(self) -> None:
+        pass  # each collector class dispatches idle slots when it next collects
+
+    def _release_slot(self, w: int, slot: int, *, commit: bool) -> None:
+        res = self._outstanding[w].pop(slot, None)
+        if slot not in self._idle[w]:
+            self._idle[w].append(slot)
+        if res is not None:
+            if commit:
+                self._rb.commit(res)
+            else:
+                self._rb.abort(res)
+
+    def _take(self, w: int) -> tuple[int, TensorDictBase]:
+        """The slot of worker ``w``'s oldest finished batch, and a TensorDict view of it."""
+        assert self._pump is not None
+        slot = self._pump.pending[w].popleft()
+        views = self._slots[w][slot]
+        return slot, TensorDict(views, batch_size=views[("collector", "worker_id")].shape)
+
+    def _post(self, batch: TensorDictBase) -> TensorDictBase:
+        if self._cfg.storing_device is not None:
+            batch = batch.to(self._cfg.storing_device)
+        if self._cfg.split_trajs:
+            from ._split import split_trajectories
+
+            batch = split_trajectories(batch, prefix="collector")
+        if self._cfg.postproc is not None:
+            batch = self._cfg.postproc(batch)
+        return batch
+
+    async def _finish(self, batch: TensorDictBase, frames: int, start: float) -> TensorDictBase | None:
+        if self._cfg.split_trajs or self._cfg.postproc is not None or self._cfg.storing_device is not None:
+            batch = await anyio.to_thread.run_sync(self._post, batch)
+        if self._rb is not None:
+            await self._rb.extend(batch)  # post-processed batches go through the parent
+            batch = None
+        self._count(frames, time.perf_counter() - start)
+        return batch
+
+    # -- control -----------------------------------------------------------------------------
+    async def update_policy_weights_(self, policy_or_weights: Any = None, *, weights: Any = None) -> None:
+        """Copy new weights into shared memory and wait until every live worker applied them.
+
+        Workers apply weights between batches, so no batch mixes two versions. Each frame
+        records the version it was collected with in ``("collector", "policy_version")``.
+
+        Args:
+            policy_or_weights: An ``nn.Module``, a state dict or a TensorDict of weights;
+                ``None`` reads the ``policy`` passed to the constructor.
+            weights: Same as ``policy_or_weights`` (TorchRL's keyword).
+
+        Raises:
+            TypeError: The collector has no ``nn.Module`` policy to take the weight layout from.
+            TimeoutError: Some workers did not acknowledge within ``weight_sync_timeout``
+                (the message names them).
+        """
+        if self._closed:
+            raise CollectorClosedError(f"this {type(self).__name__} was shut down; create a new one")
+        if self._weights is None:
+            raise TypeError(
+                "update_policy_weights_() needs an nn.Module policy= to define the shared weights; "
+                "pass policy= (it may be given together with policy_factory)"
+            )
+        if policy_or_weights is not None and weights is not None:
+            raise ValueError("pass weights either positionally or as weights=, not both")
+        source = weights if weights is not None else policy_or_weights
+        state = self._weights.state_of(self._policy if source is None else source)
+        async with self._update_lock or anyio.Lock():
+            if self._started and self._pump is not None and self._version > 0:
+                # A worker that timed out on the last update may still be copying the shared
+                # weights: overwriting them now would hand it a torn mix of two versions.
+                await self._await_acks(self._version, send=False)
+            await anyio.to_thread.run_sync(self._weights.copy_in, state)
+            self._version += 1
+            if self._rb is not None:
+                self._rb.policy_version = self._version
+            if not self._started or self._pump is None:
+                return
+            await self._await_acks(self._version)
+
+    async def _await_acks(self, version: int, *, send: bool = True) -> None:
+        pump = self._pump
+        assert pump is not None
+        live = [w for w in range(self._num_workers) if pump.alive[w]]
+        if all(pump.acked[w] >= version for w in live):
+            return
+        if send:
+            for w in live:
+                self._workers[w].send(("weights", version))
+        with anyio.move_on_after(self._mc.weight_sync_timeout):
+            await pump.until(lambda: all(pump.acked[w] >= version or not pump.alive[w] for w in live))
+            return
+        late = [w for w in live if pump.acked[w] < version and pump.alive[w]]
+        raise TimeoutError(
+            f"workers {late} did not apply policy version {version} within weight_sync_timeout="
+            f"{self._mc.weight_sync_timeout}s; raise weight_sync_timeout or make batches shorter"
+        )
+
+    def set_seed(self, seed: int) -> int:
+        """Give each worker an independent stream from ``SeedSequence(seed).spawn``.
+
+        Workers reset their envs with the new seeds before their next batch. The same seed
+        gives the same data from `MultiSyncCollector`, whatever the timing.
+
+        Returns:
+            A new seed derived from ``seed``, to seed another collector independently.
+        """
+        root = np.random.SeedSequence(check_seed(seed))
+        self._seed_root = root
+        self._worker_seeds = root.spawn(self._num_workers)
+        if self._started:
+            for w, handle in enumerate(self._workers):
+                handle.send(("seed", self._worker_seeds[w]))
+        return int(root.spawn(1)[0].generate_state(1)[0])
+
+    def reset(self) -> None:
+        """Reset every worker's envs (with fresh trajectory ids) before its next batch."""
+        for handle in self._workers:
+            handle.send(("reset",))
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return counters, the policy version and the policy's weights."""
+        pol = self._policy
+        return {
+            "policy_state_dict": pol.state_dict() if isinstance(pol, torch.nn.Module) else None,
+            "frames": self._frames,
+            "batches": self._batches,
+            "policy_version": self._version,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore counters and weights from `state_dict` (weights reach workers on the next update)."""
+        pol = self._policy
+        if state_dict.get("policy_state_dict") is not None and isinstance(pol, torch.nn.Module):
+            pol.load_state_dict(state_dict["policy_state_dict"])
+            if self._weights is not None:
+                self._weights.copy_in(state_dict["policy_state_dict"])
+        self._frames = int(state_dict["frames"])
+        self._batches = int(state_dict["batches"])
+        self._version = int(state_dict["policy_version"])
+
+    def stats(self) -> Any:
+        """Return a `CollectorStats` snapshot, with worker restarts and dropped batches."""
+        import dataclasses
+
+        base = super().stats()
+        alive = sum(self._pump.alive) if self._pump is not None else 0
+        return dataclasses.replace(
+            base, workers=self._num_workers, workers_alive=alive, restarts=self._restarts,
+            dropped_batches=self._dropped_batches,
+        )  # fmt: skip

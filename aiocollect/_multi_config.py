@@ -1,0 +1,158 @@
+"""Argument handling of the multi-process collectors: per-worker lists, TorchRL's extras.
+
+Everything here runs in the constructor, before any process is spawned, and raises
+``TypeError``/``ValueError`` with the rule, the value and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ._config import CollectorConfig, validate_config
+
+__all__ = ["MultiConfig", "resolve_multi_config"]
+
+
+@dataclass(frozen=True)
+class MultiConfig:
+    """The validated arguments of a multi-process collector."""
+
+    cfg: CollectorConfig  # the collector-level view (total budget, postproc, storing device)
+    worker_cfgs: list[CollectorConfig]  # one per worker (its own env factory, devices, batch size)
+    factories: list[Callable[[], Any] | None]
+    cat: str | int | None
+    total_fpb: int
+    update_at_each_batch: bool
+    preemptive_threshold: float | None
+    num_threads: int | None
+    num_sub_threads: int
+    restart_workers: int
+    weight_sync_timeout: float
+    start_method: str
+    backend: str
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.worker_cfgs)
+
+
+def _per_worker(name: str, value: Any, n: int) -> list[Any]:
+    if isinstance(value, (list, tuple)):
+        if len(value) != n:
+            raise ValueError(f"{name} has {len(value)} entries but there are {n} workers; give one per worker")
+        return list(value)
+    return [value] * n
+
+
+def _count(name: str, value: Any, minimum: int, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        kind = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise ValueError(f"{name} must be {kind}{' or None' if allow_none else ''}, got {value!r}")
+
+
+def resolve_multi_config(
+    *,
+    sync: bool,
+    create_env_fn: Any,
+    num_workers: int | None,
+    policy: Any,
+    policy_factory: Any,
+    frames_per_batch: Any,
+    cat_results: Any,
+    update_at_each_batch: Any,
+    preemptive_threshold: Any,
+    num_threads: Any,
+    num_sub_threads: Any,
+    restart_workers: Any,
+    weight_sync_timeout: Any,
+    start_method: Any,
+    backend: Any,
+    device: Any,
+    env_device: Any,
+    policy_device: Any,
+    storing_device: Any,
+    create_env_kwargs: Any,
+    postproc: Any,
+    split_trajs: Any,
+    total_frames: Any,
+    max_queued_batches: Any,
+    **common: Any,
+) -> MultiConfig:
+    """Validate every argument of a multi-process collector (``common`` goes to every worker)."""
+    name = "MultiSyncCollector" if sync else "MultiAsyncCollector"
+    if isinstance(create_env_fn, (list, tuple)):
+        fns = list(create_env_fn)
+        if num_workers is not None and num_workers != len(fns):
+            raise ValueError(f"num_workers={num_workers!r} but create_env_fn lists {len(fns)} factories; drop num_workers")
+    else:
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+            raise ValueError(f"num_workers must be a positive int when create_env_fn is a single factory, got {num_workers!r}")
+        fns = [create_env_fn] * num_workers
+    n = len(fns)
+    if n == 0:
+        raise ValueError("create_env_fn must list at least one env factory, got an empty list")
+    if isinstance(frames_per_batch, (list, tuple)):
+        fpbs = _per_worker("frames_per_batch", frames_per_batch, n)
+        total_fpb = sum(fpbs) if sync else fpbs[0]
+    else:
+        total_fpb = frames_per_batch
+        valid = isinstance(frames_per_batch, int) and not isinstance(frames_per_batch, bool) and frames_per_batch > 0
+        # An invalid value is passed through unchanged so validate_config reports it.
+        fpbs = [math.ceil(frames_per_batch / n) if valid and sync else frames_per_batch] * n
+    factories = _per_worker("policy_factory", policy_factory, n)
+    for f in factories:
+        if f is not None and not callable(f):
+            raise TypeError(f"policy_factory must be a zero-argument callable (or one per worker), got {f!r}")
+    cfg = validate_config(
+        create_env_fn=fns[0], policy=policy, frames_per_batch=total_fpb, total_frames=total_frames, postproc=postproc,
+        split_trajs=split_trajs, device=device, env_device=None, policy_device=None, storing_device=storing_device,
+        create_env_kwargs=None, max_queued_batches=max_queued_batches, **common,
+    )  # fmt: skip
+    envd, pold = _per_worker("env_device", env_device, n), _per_worker("policy_device", policy_device, n)
+    kwargs = _per_worker("create_env_kwargs", create_env_kwargs, n)
+    worker_cfgs = [
+        dataclasses.replace(
+            validate_config(
+                create_env_fn=fns[w], policy=policy, frames_per_batch=fpbs[w], total_frames=-1, postproc=None,
+                split_trajs=False, device=device, env_device=envd[w], policy_device=pold[w], storing_device=None,
+                create_env_kwargs=kwargs[w], max_queued_batches=0, **common,
+            ),
+            storing_device=None,
+        )
+        for w in range(n)
+    ]  # fmt: skip
+    if sync:
+        cat_results = "stack" if cat_results is None else cat_results
+        if cat_results != "stack" and (isinstance(cat_results, bool) or not isinstance(cat_results, int)):
+            raise ValueError(f"cat_results must be 'stack' or an int dim, got {cat_results!r}")
+    elif cat_results is not None:
+        raise ValueError(f"cat_results is only for MultiSyncCollector ({name} yields one worker's batch), got {cat_results!r}")
+    if not isinstance(update_at_each_batch, bool):
+        raise TypeError(f"update_at_each_batch must be a bool, got {update_at_each_batch!r}")
+    p = preemptive_threshold
+    if p is not None:
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+            raise ValueError(f"preemptive_threshold must be a float in [0, 1] or None, got {p!r}")
+        if not sync:
+            raise ValueError(f"preemptive_threshold only applies to MultiSyncCollector ({name} never waits for stragglers)")
+        p = None if p == 1.0 else float(p)  # 1.0 waits for every worker: the same as no threshold
+    _count("num_threads", num_threads, 1, allow_none=True)
+    _count("num_sub_threads", num_sub_threads, 1)
+    _count("restart_workers", restart_workers, 0)
+    t = weight_sync_timeout
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0:
+        raise ValueError(f"weight_sync_timeout must be a positive number of seconds, got {t!r}")
+    if start_method not in ("spawn", "forkserver"):
+        raise ValueError(f"start_method must be 'spawn' or 'forkserver' (fork is unsafe with threads), got {start_method!r}")
+    return MultiConfig(
+        cfg=cfg, worker_cfgs=worker_cfgs, factories=factories, cat=cat_results, total_fpb=total_fpb,
+        update_at_each_batch=update_at_each_batch, preemptive_threshold=p, num_threads=num_threads,
+        num_sub_threads=num_sub_threads, restart_workers=restart_workers, weight_sync_timeout=float(t),
+        start_method=start_method, backend=backend,
+    )  # fmt: skip

@@ -1,0 +1,67 @@
+"""A condition that async tasks on any event loop (and in any thread) can wait on.
+
+The replay buffer is shared by a collector and a trainer that may not run on the same event
+loop: a blocking ``SyncDataCollector`` runs in its portal's loop while a blocking buffer
+twin samples through another. `Notifier` keeps a list of waiters, each with its own loop's
+thread-safe scheduler, so a state change in one loop wakes tasks in every other. All state
+the predicates read must be guarded by `Notifier.lock`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import sniffio
+
+__all__ = ["Notifier"]
+
+
+def _scheduler() -> Callable[[Callable[[], Any]], Any]:
+    """A thread-safe ``call_soon`` for the running event loop."""
+    library = sniffio.current_async_library()
+    if library == "trio":
+        import trio
+
+        return trio.lowlevel.current_trio_token().run_sync_soon
+    import asyncio
+
+    return asyncio.get_running_loop().call_soon_threadsafe
+
+
+class Notifier:
+    """Wakes every waiter whenever `notify_all` is called, whatever loop or thread it runs in."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self._waiters: list[tuple[Callable[[Callable[[], Any]], Any], anyio.Event]] = []
+
+    async def wait_until(self, predicate: Callable[[], bool]) -> None:
+        """Return once ``predicate()`` (evaluated under `lock`) is true; a checkpoint either way."""
+        # Always yield to the loop, even when no wait is needed: a trainer looping on
+        # ``await buffer.sample()`` must not starve the collector feeding the buffer.
+        await anyio.lowlevel.checkpoint()
+        while True:
+            with self.lock:
+                if predicate():
+                    return
+                entry = (_scheduler(), anyio.Event())
+                self._waiters.append(entry)
+            try:
+                await entry[1].wait()
+            finally:
+                with self.lock:
+                    if entry in self._waiters:
+                        self._waiters.remove(entry)
+
+    def notify_all(self) -> None:
+        """Wake every current waiter (they re-check their predicates)."""
+        with self.lock:
+            waiters, self._waiters = self._waiters, []
+        for schedule, event in waiters:
+            try:
+                schedule(event.set)
+            except RuntimeError:  # that loop has closed: nobody is waiting there any more
+                pass

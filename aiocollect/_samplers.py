@@ -1,0 +1,499 @@
+"""Replay-buffer index samplers: pure, synchronous choices over ``capacity`` frame indices."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+try:
+    from ._errors import BufferEmptyError
+except ImportError:  # pragma: no cover - added by the buffer work
+
+    class BufferEmptyError(LookupError):  # type: ignore[no-redef]
+        """Raised when ``sample()`` finds nothing that may be sampled."""
+
+
+__all__ = (
+    "PrioritizedSampler",
+    "RandomSampler",
+    "SampleContext",
+    "Sampler",
+    "SamplerWithoutReplacement",
+    "SliceSampler",
+    "make_sampler",
+)
+
+_Batch = tuple[torch.Tensor, dict[str, torch.Tensor]]  # indices, per-item extras
+_EMPTY = "sample() called on an empty buffer; await buffer.wait_for(n) first"
+# Rejection rounds before an exact O(size) fallback; few frames are ever reserved at once.
+_ROUNDS = 8
+_BOOL, _INT, _FLOAT, _POS = "a bool", "an int >= 1", "a finite float >= 0", "a finite float > 0"
+
+
+def _check(name: str, value: Any, rule: str) -> Any:
+    kind = bool if rule == _BOOL else numbers.Integral if rule == _INT else numbers.Real
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise TypeError(f"{name} must be {rule}, got {value!r}")
+    if kind is bool:
+        return value
+    if not (1 if rule == _INT else 0) <= value < math.inf or (rule == _POS and value == 0):
+        raise ValueError(f"{name} must be {rule}, got {value!r}")
+    return int(value) if rule == _INT else float(value)
+
+
+@dataclass(frozen=True)
+class SampleContext:
+    """What the buffer tells a sampler at sample time (read-only).
+
+    Attributes:
+        valid: bool ``[capacity]``, True where a committed frame may be sampled.
+        num_valid: ``int(valid.sum())``, precomputed by the buffer.
+        size: Frames ever written, capped at capacity; ``valid`` is False at ``>= size``.
+        traj_ids: int64 ``[capacity]`` ``("collector", "traj_ids")`` of each frame, or None.
+        worker_ids: int64 ``[capacity]`` ``("collector", "worker_id")`` of each frame, or None.
+        row_length: Frames per row of 2-D storage (a slice must stay in one row), else None.
+
+    Examples:
+        >>> SampleContext(torch.tensor([True, True, False]), 2, 3, None, None, None).size
+        3
+    """
+
+    valid: torch.Tensor
+    num_valid: int
+    size: int
+    traj_ids: torch.Tensor | None
+    worker_ids: torch.Tensor | None
+    row_length: int | None
+
+
+class Sampler(ABC):
+    """Chooses which frames of a replay buffer a ``sample()`` call returns.
+
+    The buffer calls `reset` first, then reports committed frames (`extend`) and frames about
+    to be overwritten (`invalidate`). Subclasses implement `sample`, drawing all randomness
+    from its generator so that a seeded buffer is reproducible.
+
+    Examples:
+        >>> class FirstFrames(Sampler):
+        ...     def sample(self, ctx, batch_size, generator):
+        ...         return torch.arange(batch_size) % ctx.size, {}
+        >>> ctx = SampleContext(torch.ones(4, dtype=torch.bool), 4, 4, None, None, None)
+        >>> FirstFrames().sample(ctx, 6, torch.Generator())[0]
+        tensor([0, 1, 2, 3, 0, 1])
+    """
+
+    capacity: int | None = None
+
+    def reset(self, capacity: int) -> None:
+        """Forget everything; called once the capacity is known and on buffer reset.
+
+        Args:
+            capacity: Number of frames the storage holds, an int >= 1.
+        """
+        self.capacity = _check("capacity", capacity, _INT)
+
+    def extend(self, index: torch.Tensor) -> None:  # noqa: B027 - optional hook
+        """Note that new data was committed at ``index``.
+
+        Args:
+            index: int64 1-D tensor of frame indices.
+        """
+
+    def invalidate(self, index: torch.Tensor) -> None:  # noqa: B027 - optional hook
+        """Note that these frames are about to be overwritten: never return them until `extend`.
+
+        Args:
+            index: int64 1-D tensor of frame indices.
+        """
+
+    @abstractmethod
+    def sample(self, ctx: SampleContext, batch_size: int, generator: torch.Generator) -> _Batch:
+        """Choose ``batch_size`` frame indices.
+
+        Args:
+            ctx: What the buffer currently holds.
+            batch_size: Number of indices to return.
+            generator: The only source of randomness.
+
+        Returns:
+            int64 indices ``[batch_size]`` and a dict of extra ``[batch_size]`` tensors.
+
+        Raises:
+            BufferEmptyError: Nothing may be sampled.
+        """
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return everything needed to resume exactly (Python scalars and tensors).
+
+        Returns:
+            A dict for `load_state_dict`; just ``{"capacity": None}`` before `reset`.
+        """
+        return {"capacity": self.capacity, **(self._state() if self.capacity else {})}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the state returned by `state_dict` of the same sampler class.
+
+        Args:
+            state: A dict from `state_dict`.
+        """
+        if state["capacity"]:  # else it was saved before reset(): there is nothing to restore
+            self.reset(state["capacity"])
+            self._load(state)
+
+    def _state(self) -> dict[str, Any]:  # a subclass's state beyond capacity, once reset()
+        return {}
+
+    def _load(self, state: Mapping[str, Any]) -> None: ...  # noqa: B027 - nothing by default
+
+
+class RandomSampler(Sampler):
+    """Uniform sampling with replacement over the valid frames (TorchRL's `RandomSampler`).
+
+    Invalid draws from ``[0, size)`` are redrawn: O(batch_size) per call. Info is empty.
+
+    Examples:
+        >>> ctx = SampleContext(torch.arange(8) < 4, 4, 4, None, None, None)
+        >>> index, info = RandomSampler().sample(ctx, 16, torch.Generator().manual_seed(0))
+        >>> bool((index < 4).all()), info
+        (True, {})
+    """
+
+    def sample(self, ctx: SampleContext, batch_size: int, generator: torch.Generator) -> _Batch:
+        """Draw uniformly with replacement; see `Sampler.sample`."""
+        n = _check("batch_size", batch_size, _INT)
+        if ctx.num_valid <= 0:
+            raise BufferEmptyError(_EMPTY)
+        if ctx.num_valid == ctx.size:  # [0, size) is all valid
+            return torch.randint(ctx.size, (n,), generator=generator), {}
+        idx = torch.empty(0, dtype=torch.int64)
+        for _ in range(_ROUNDS):  # overdraw a little, so that one round nearly always suffices
+            cand = torch.randint(ctx.size, (n + n // 8 + 8,), generator=generator)
+            idx = torch.cat([idx, cand[ctx.valid[cand]]])
+            if idx.numel() >= n:
+                return idx[:n], {}
+        pool = ctx.valid[: ctx.size].nonzero().squeeze(1)
+        rest = pool[torch.randint(pool.numel(), (n - idx.numel(),), generator=generator)]
+        return torch.cat([idx, rest]), {}
+
+
+class SamplerWithoutReplacement(Sampler):
+    """Epochs over the valid frames, each frame returned once per epoch (as in TorchRL).
+
+    An epoch is a permutation of the frames valid when it starts; each call returns its next
+    ``batch_size``, skipping frames invalidated or rewritten since (new frames wait for the
+    next epoch). Unlike TorchRL, a call always returns exactly ``batch_size`` indices: a short
+    remainder is topped up from a new epoch (``drop_last=True``: dropped).
+
+    Args:
+        drop_last: Drop an epoch's incomplete last batch instead of topping it up.
+        shuffle: Permute each epoch; if false, go in ascending index order.
+
+    Raises:
+        TypeError: An argument is not a bool.
+
+    Examples:
+        >>> sampler = SamplerWithoutReplacement(shuffle=False)
+        >>> sampler.reset(5)
+        >>> ctx = SampleContext(torch.ones(5, dtype=torch.bool), 5, 5, None, None, None)
+        >>> [sampler.sample(ctx, 2, torch.Generator())[0].tolist() for _ in range(3)]
+        [[0, 1], [2, 3], [4, 0]]
+    """
+
+    def __init__(self, drop_last: bool = False, shuffle: bool = True) -> None:
+        self.drop_last = _check("drop_last", drop_last, _BOOL)
+        self.shuffle = _check("shuffle", shuffle, _BOOL)
+
+    def reset(self, capacity: int) -> None:
+        """Forget the current epoch; see `Sampler.reset`."""
+        super().reset(capacity)
+        self._perm, self._pos = torch.empty(0, dtype=torch.int64), 0
+        self._stale = torch.zeros(capacity, dtype=torch.bool)  # skip for the rest of the epoch
+
+    def invalidate(self, index: torch.Tensor) -> None:
+        """Hold these frames back until the next epoch; see `Sampler.invalidate`."""
+        self._stale[torch.as_tensor(index, dtype=torch.int64)] = True
+
+    # A frame rewritten mid-epoch holds new data, which belongs to the next epoch.
+    extend = invalidate
+
+    def sample(self, ctx: SampleContext, batch_size: int, generator: torch.Generator) -> _Batch:
+        """Return the epoch's next frames; see `Sampler.sample`.
+
+        Raises:
+            BufferEmptyError: Fewer than 1 (``drop_last=True``: ``batch_size``) valid frames.
+        """
+        need = _check("batch_size", batch_size, _INT)
+        parts: list[torch.Tensor] = []
+        while need:
+            if self._pos >= self._perm.numel():  # start a new epoch
+                self._perm, self._pos = ctx.valid[: ctx.size].nonzero().squeeze(1), 0
+                self._stale.zero_()
+                if self._perm.numel() == 0:
+                    raise BufferEmptyError(_EMPTY)
+                if self.shuffle:
+                    self._perm = self._perm[torch.randperm(self._perm.numel(), generator=generator)]
+                if self.drop_last and (got := self._perm.numel()) < batch_size:
+                    why = f"drop_last=True needs at least batch_size={batch_size} valid frames"
+                    raise BufferEmptyError(f"{why}, got {got}; collect more or lower batch_size")
+                if self.drop_last:
+                    parts, need = [], batch_size
+            chunk = self._perm[self._pos : self._pos + need]
+            self._pos += chunk.numel()
+            keep = ctx.valid[chunk] & ~self._stale[chunk]
+            parts.append(chunk if bool(keep.all()) else chunk[keep])
+            need -= parts[-1].numel()
+        return (parts[0] if len(parts) == 1 else torch.cat(parts)), {}
+
+    def _state(self) -> dict[str, Any]:
+        return {"perm": self._perm.clone(), "pos": self._pos, "stale": self._stale.clone()}
+
+    def _load(self, state: Mapping[str, Any]) -> None:
+        self._perm, self._pos = state["perm"].clone(), int(state["pos"])
+        self._stale = state["stale"].clone()
+
+
+class PrioritizedSampler(Sampler):
+    """Proportional prioritized replay (Schaul et al. 2016) over a sum tree and a min tree.
+
+    Frame ``i`` is drawn with probability ``p_i / sum(p)``, ``p_i = (priority + eps) ** alpha``;
+    new frames get ``max_priority ** alpha``, ``max_priority`` being the largest ``priority +
+    eps`` yet. Draws are stratified (one per ``1/batch_size`` of the mass, so in index order),
+    cost O(batch_size * log capacity) and see frames extended and not invalidated since, not
+    ``ctx.valid``. Info: float32 importance weights ``"_weight"`` = ``(p_i / min(p)) ** -beta``.
+
+    Args:
+        alpha: Priority exponent; 0 gives uniform sampling.
+        beta: Importance-weight exponent; the ``beta`` attribute may be reassigned (annealed).
+        eps: Added to each priority so that no updated frame becomes unreachable.
+        max_priority: Initial priority of new frames, before ``alpha``.
+
+    Raises:
+        TypeError: An argument is not a real number.
+        ValueError: An argument is negative or not finite, or ``max_priority`` is 0.
+
+    Examples:
+        >>> sampler = PrioritizedSampler(alpha=1.0, beta=1.0)
+        >>> sampler.reset(4)
+        >>> sampler.extend(torch.arange(4))
+        >>> sampler.update_priority(torch.tensor([1]), 3.0)
+        >>> ctx = SampleContext(torch.ones(4, dtype=torch.bool), 4, 4, None, None, None)
+        >>> sampler.sample(ctx, 6, torch.Generator().manual_seed(0))[1]["_weight"]
+        tensor([1.0000, 0.3333, 0.3333, 0.3333, 1.0000, 1.0000])
+    """
+
+    def __init__(self, alpha: float, beta: float, eps: float = 1e-8, max_priority: float = 1.0):
+        self.alpha, self.beta = _check("alpha", alpha, _FLOAT), _check("beta", beta, _FLOAT)
+        self.eps = _check("eps", eps, _FLOAT)
+        self.max_priority = self._initial_max = _check("max_priority", max_priority, _POS)
+
+    def reset(self, capacity: int) -> None:
+        """Forget all priorities and size the trees; see `Sampler.reset`."""
+        super().reset(capacity)
+        # Power-of-two leaves put every leaf at the same depth, so descents vectorize.
+        self._leaf0 = 1 << (capacity - 1).bit_length()
+        self._sum, self._min = np.zeros(2 * self._leaf0), np.full(2 * self._leaf0, np.inf)
+        self.max_priority = self._initial_max
+
+    def _set(self, leaves: np.ndarray, values: np.ndarray | float) -> None:
+        pos = leaves + self._leaf0
+        self._sum[pos] = values
+        # Zero-priority frames cannot be drawn, so they must not set the weights' minimum.
+        self._min[pos] = np.where(self._sum[pos] > 0, self._sum[pos], np.inf)
+        big = pos.size * self._leaf0.bit_length() > self._leaf0  # then updating all is cheaper
+        pos = np.arange(self._leaf0, 2 * self._leaf0) if big else np.unique(pos)
+        while pos.size and pos[0] > 1:
+            pos >>= 1
+            pos = pos[np.r_[True, pos[1:] != pos[:-1]]]  # sorted, so drop sibling repeats
+            self._sum[pos] = self._sum[2 * pos] + self._sum[2 * pos + 1]
+            self._min[pos] = np.minimum(self._min[2 * pos], self._min[2 * pos + 1])
+
+    def extend(self, index: torch.Tensor) -> None:
+        """Give the new frames the current maximum priority; see `Sampler.extend`."""
+        self._set(np.asarray(index, dtype=np.int64).reshape(-1), self.max_priority**self.alpha)
+
+    def invalidate(self, index: torch.Tensor) -> None:
+        """Set these frames' priority to 0; see `Sampler.invalidate`."""
+        self._set(np.asarray(index, dtype=np.int64).reshape(-1), 0.0)
+
+    def update_priority(self, index: torch.Tensor, priority: torch.Tensor | float) -> None:
+        """Store ``(priority + eps) ** alpha`` for the frames at ``index``.
+
+        Frames whose priority is 0, as after `invalidate`, are skipped: a late update must not
+        revive a frame invalidated since it was sampled. If an index repeats, the last wins.
+
+        Args:
+            index: int64 frame indices, as returned by `sample`.
+            priority: One priority >= 0 per index (e.g. absolute TD errors), or one for all.
+
+        Raises:
+            ValueError: Lengths differ, a priority is < 0 or not finite, or an index out of range.
+        """
+        idx = np.asarray(index, dtype=np.int64).reshape(-1)
+        prio = torch.as_tensor(priority).detach().to("cpu", torch.float64).reshape(-1).numpy()
+        prio = np.broadcast_to(prio, idx.shape) if prio.size == 1 else prio
+        if (n := idx.size) != (m := prio.size):
+            raise ValueError(f"index and priority must have the same length, got {n} and {m}")
+        if (bad := ~(np.isfinite(prio) & (prio >= 0))).any():
+            raise ValueError(f"priority must be finite and >= 0, got {prio[bad][0]}")
+        if (bad := (idx < 0) | (idx >= self.capacity)).any():
+            raise ValueError(f"index must be in [0, {self.capacity}), got {idx[bad][0]}")
+        # numpy leaves repeated assignment unspecified: keep each index's last occurrence.
+        uniq, first_reversed = np.unique(idx[::-1], return_index=True)
+        raw = prio[idx.size - 1 - first_reversed] + self.eps
+        if (keep := self._sum[uniq + self._leaf0] > 0).any():
+            self.max_priority = max(self.max_priority, float(raw[keep].max()))
+            self._set(uniq[keep], raw[keep] ** self.alpha)
+
+    def _descend(self, mass: np.ndarray, guard: bool) -> np.ndarray:
+        node = np.ones(mass.size, dtype=np.int64)
+        while node[0] < self._leaf0:
+            node <<= 1
+            left = self._sum[node]
+            right = mass >= left
+            if guard:  # rounding can overshoot into an empty right subtree: never enter one
+                right &= self._sum[node + 1] > 0
+            mass = mass - left * right
+            node += right
+        return node
+
+    def sample(self, ctx: SampleContext, batch_size: int, generator: torch.Generator) -> _Batch:
+        """Draw frames in proportion to priority, with ``"_weight"`` info; see `Sampler.sample`.
+
+        Raises:
+            BufferEmptyError: No frame is valid (has a priority > 0).
+        """
+        n = _check("batch_size", batch_size, _INT)
+        if ctx.num_valid <= 0 or not self._sum[1] > 0:
+            raise BufferEmptyError(_EMPTY)
+        u = torch.rand(n, generator=generator, dtype=torch.float64).numpy()
+        mass = (np.arange(n) + u) * (self._sum[1] / n)
+        node = self._descend(mass, guard=False)
+        if (bad := self._sum[node] == 0).any():  # a rounding overshoot: very rare
+            node[bad] = self._descend(mass[bad], guard=True)
+        weight = ((self._sum[node] / self._min[1]) ** -self.beta).astype(np.float32)
+        return torch.from_numpy(node - self._leaf0), {"_weight": torch.from_numpy(weight)}
+
+    def _state(self) -> dict[str, Any]:  # the tree leaves; inner nodes are rebuilt on load
+        leaves = torch.from_numpy(self._sum[self._leaf0 : self._leaf0 + self.capacity].copy())
+        return {"priorities": leaves, "max_priority": self.max_priority}
+
+    def _load(self, state: Mapping[str, Any]) -> None:
+        self._set(np.arange(self.capacity), torch.as_tensor(state["priorities"]).double().numpy())
+        self.max_priority = float(state["max_priority"])
+
+
+class SliceSampler(Sampler):
+    """Runs of consecutive frames from single trajectories (TorchRL's `SliceSampler`).
+
+    Returns ``num_slices`` runs of ``slice_len`` consecutive indices, concatenated in time
+    order (give one; the other is ``batch_size`` divided by it). A slice never crosses an
+    invalid frame, a change of ``ctx.traj_ids`` or ``ctx.worker_ids``, a storage row or the
+    end of the index space. Starts are uniform over all possible ones. Info is empty.
+
+    Args:
+        slice_len: Frames per slice.
+        num_slices: Slices per batch.
+        strict_length: Reserved: only full-length slices are returned either way.
+
+    Raises:
+        TypeError: An argument has the wrong type.
+        ValueError: Not exactly one of ``slice_len`` and ``num_slices`` is given, or it is < 1.
+
+    Examples:
+        >>> traj = torch.tensor([7, 7, 7, 7, 8, 8])  # trajectory 8 is too short
+        >>> ctx = SampleContext(torch.ones(6, dtype=torch.bool), 6, 6, traj, None, None)
+        >>> SliceSampler(slice_len=3).sample(ctx, 6, torch.Generator().manual_seed(0))[0]
+        tensor([0, 1, 2, 1, 2, 3])
+    """
+
+    def __init__(
+        self,
+        *,
+        slice_len: int | None = None,
+        num_slices: int | None = None,
+        strict_length: bool = True,
+    ) -> None:
+        if (slice_len is None) == (num_slices is None):
+            rule = "exactly one of slice_len and num_slices must be given"
+            raise ValueError(f"{rule}, got {slice_len=} and {num_slices=}")
+        self.slice_len = None if slice_len is None else _check("slice_len", slice_len, _INT)
+        self.num_slices = None if num_slices is None else _check("num_slices", num_slices, _INT)
+        self.strict_length = _check("strict_length", strict_length, _BOOL)
+
+    def sample(self, ctx: SampleContext, batch_size: int, generator: torch.Generator) -> _Batch:
+        """Draw slices of consecutive frames; see `Sampler.sample`.
+
+        Raises:
+            ValueError: ``batch_size`` is not divisible, or ``ctx.traj_ids`` is None.
+            BufferEmptyError: The buffer is empty, or no slice fits in what is stored.
+        """
+        given = self.slice_len or self.num_slices
+        if _check("batch_size", batch_size, _INT) % given:
+            by = "slice_len" if self.slice_len else "num_slices"
+            raise ValueError(f"batch_size {batch_size} is not divisible by {by} {given}")
+        length = self.slice_len or batch_size // given
+        if ctx.traj_ids is None:
+            need = "SliceSampler needs ('collector', 'traj_ids') in the stored data"
+            raise ValueError(f"{need}; collect with track_traj_ids=True")
+        if ctx.num_valid <= 0:
+            raise BufferEmptyError(_EMPTY)
+        offsets, todo = torch.arange(length), torch.arange(batch_size // length)
+        starts = torch.empty(todo.numel(), dtype=torch.int64)
+        high = ctx.size - length + 1  # starts lie in [0, high)
+        for rnd in range(_ROUNDS if high > 0 else 0):
+            # Oversample more each round, so low acceptance (short trajectories) stays cheap.
+            cand = torch.randint(high, (todo.numel() << min(rnd, 5),), generator=generator)
+            window = cand.unsqueeze(1) + offsets
+            ok = ctx.valid[window] & (ctx.traj_ids[window] == ctx.traj_ids[cand].unsqueeze(1))
+            if ctx.worker_ids is not None:
+                ok &= ctx.worker_ids[window] == ctx.worker_ids[cand].unsqueeze(1)
+            if ctx.row_length is not None:
+                ok &= window // ctx.row_length == (cand // ctx.row_length).unsqueeze(1)
+            hit = cand[ok.all(1)][: todo.numel()]
+            starts[todo[: hit.numel()]], todo = hit, todo[hit.numel() :]
+            if todo.numel() == 0:
+                break
+        else:
+            # Exact: s is a start iff valid and no run break among frames s+1 .. s+length-1.
+            size, valid, traj = ctx.size, ctx.valid[: ctx.size], ctx.traj_ids
+            cont = valid[1:] & valid[:-1] & (traj[1:size] == traj[: size - 1])  # i continues i-1
+            if ctx.worker_ids is not None:
+                cont &= ctx.worker_ids[1:size] == ctx.worker_ids[: size - 1]
+            if ctx.row_length is not None:
+                cont &= torch.arange(1, size) % ctx.row_length != 0
+            breaks = torch.cat([torch.zeros(1, dtype=torch.int64), (~cont).long().cumsum(0)])
+            good = valid[: max(high, 0)] & (breaks[length - 1 : size] == breaks[: max(high, 0)])
+            pool = good.nonzero().squeeze(1)
+            if pool.numel() == 0:
+                none = f"no trajectory segment of {length} consecutive frames is stored yet"
+                raise BufferEmptyError(f"{none}; collect more or lower slice_len")
+            starts[todo] = pool[torch.randint(pool.numel(), (todo.numel(),), generator=generator)]
+        return (starts.unsqueeze(1) + offsets).reshape(-1), {}
+
+
+def make_sampler(spec: Sampler | str | None) -> Sampler:
+    """Turn the buffer's ``sampler=`` argument into a `Sampler`.
+
+    Args:
+        spec: None or ``"random"``, ``"without_replacement"``, or a `Sampler` (returned).
+
+    Returns:
+        The sampler.
+
+    Raises:
+        TypeError: ``spec`` is neither None, a str nor a `Sampler`.
+        ValueError: ``spec`` is an unknown name.
+    """
+    if isinstance(spec, Sampler):
+        return spec
+    if spec is None or (isinstance(spec, str) and spec in ("random", "without_replacement")):
+        return SamplerWithoutReplacement() if spec == "without_replacement" else RandomSampler()
+    rule = "sampler must be None, 'random', 'without_replacement' or a Sampler instance"
+    raise (ValueError if isinstance(spec, str) else TypeError)(f"{rule}, got {spec!r}")

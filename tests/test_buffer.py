@@ -1,0 +1,340 @@
+"""ReplayBuffer: ring storage, waits, rate limiting, persistence, errors (no processes)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import anyio
+import pytest
+import torch
+from tensordict import TensorDict
+
+from aiocollect import (
+    BufferClosedError,
+    BufferEmptyError,
+    MemmapStorage,
+    PrioritizedSampler,
+    ReplayBuffer,
+    SamplerWithoutReplacement,
+    SharedMemoryStorage,
+    SliceSampler,
+    WouldBlock,
+    blocking,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def frames(start: int, n: int, *, traj: int = 0) -> TensorDict:
+    """``n`` frames whose observation is their global number ``start + i``."""
+    obs = torch.arange(start, start + n, dtype=torch.float32)
+    return TensorDict(
+        {"observation": obs.unsqueeze(-1), ("next", "reward"): obs.unsqueeze(-1) * 2,
+         ("collector", "traj_ids"): torch.full((n,), traj, dtype=torch.int64)},
+        batch_size=[n],
+    )  # fmt: skip
+
+
+def stored(rb: ReplayBuffer) -> list[int]:
+    valid = rb._valid
+    return sorted(int(x) for x in rb.storage.tensors["observation"][valid, 0])
+
+
+@pytest.mark.anyio
+async def test_extend_then_sample_returns_stored_frames_with_index() -> None:
+    rb = ReplayBuffer(100, batch_size=16, seed=0)
+    index = await rb.extend(frames(0, 30))
+    assert index.tolist() == list(range(30))
+    assert len(rb) == 30 and rb.write_count == 30
+    batch = await rb.sample()
+    assert batch.shape == (16,)
+    # every sampled frame is the one stored at its index, nested keys included
+    assert torch.equal(batch["observation"][:, 0], batch["index"].float())
+    assert torch.equal(batch["next", "reward"], batch["observation"] * 2)
+
+
+@pytest.mark.anyio
+async def test_ring_overwrites_oldest_frames_first() -> None:
+    rb = ReplayBuffer(10, seed=0)
+    for start in range(0, 24, 4):  # 24 frames into 10 rows: the last 10 survive
+        await rb.extend(frames(start, 4))
+    assert stored(rb) == list(range(14, 24))
+    # rows hold them in ring order: frame k sits at row k % 10
+    obs = rb.storage.tensors["observation"][:, 0]
+    assert all(int(obs[k % 10]) == k for k in range(14, 24))
+    assert rb.write_count == 24 and len(rb) == 10
+
+
+@pytest.mark.anyio
+async def test_ndim2_keeps_env_time_rows_whole() -> None:
+    rb = ReplayBuffer(25, storage=SharedMemoryStorage(ndim=2), seed=0)
+    batch = TensorDict(observation=torch.arange(12.0).reshape(3, 4, 1), batch_size=[3, 4])
+    await rb.extend(batch)
+    assert rb.storage.capacity == 24 and rb.storage.row_length == 4  # rounded down to whole rows
+    rows = rb.storage.tensors["observation"].view(6, 4)
+    assert torch.equal(rows[:3], torch.arange(12.0).reshape(3, 4))
+    with pytest.raises(ValueError, match=r"^an ndim=2 buffer stores \[\.\.\., time\] rollouts"):
+        await rb.extend(TensorDict(observation=torch.zeros(1), batch_size=[]))
+
+
+@pytest.mark.anyio
+async def test_layout_mismatch_is_refused_with_the_key() -> None:
+    rb = ReplayBuffer(100)
+    await rb.extend(frames(0, 4))
+    with pytest.raises(ValueError, match=r"^batch is missing the key \('next', 'reward'\)"):
+        await rb.extend(TensorDict(observation=torch.zeros(2, 1), batch_size=[2]))
+    bad = frames(0, 2)
+    bad["observation"] = bad["observation"].double()
+    with pytest.raises(ValueError, match=r"^batch entry 'observation' has frame shape \(1,\) and dtype torch.float64"):
+        await rb.extend(bad)
+    extra = frames(0, 2)
+    extra["other"] = torch.zeros(2)
+    with pytest.raises(ValueError, match=r"^batch has entries \['other'\] the buffer does not store"):
+        await rb.extend(extra)
+    with pytest.raises(ValueError, match=r"^a batch of 200 frames does not fit in a buffer of 100 frames"):
+        await rb.extend(frames(0, 200))
+    assert rb.write_count == 4  # nothing partial was written
+
+
+@pytest.mark.anyio
+async def test_sample_waits_for_min_size_then_returns() -> None:
+    rb = ReplayBuffer(100, batch_size=4, min_size=10)
+    got: list[TensorDict] = []
+
+    async def learner() -> None:
+        got.append(await rb.sample())
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(learner)
+            await anyio.wait_all_tasks_blocked()
+            await rb.extend(frames(0, 6))
+            await anyio.wait_all_tasks_blocked()
+            assert not got  # 6 < min_size: still waiting
+            await rb.extend(frames(6, 6))
+    assert got[0].shape == (4,)
+    assert rb.stats().sample_wait_seconds > 0
+
+
+@pytest.mark.anyio
+async def test_sample_nowait_never_waits() -> None:
+    rb = ReplayBuffer(100, batch_size=4, samples_per_insert=1.0, tolerance=4)
+    with pytest.raises(BufferEmptyError, match=r"^sample\(\) called on a buffer holding 0 frames .*await buffer\.wait_for\(1\) first$"):
+        rb.sample_nowait()
+    await rb.extend(frames(0, 4))
+    rb.sample_nowait()
+    rb.sample_nowait()  # 8 sampled for 4 inserted: now ahead by the whole tolerance
+    with pytest.raises(WouldBlock, match=r"^sample_nowait\(\) would wait"):
+        rb.sample_nowait()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("fast", ["collector", "learner"])
+async def test_rate_limiter_keeps_samples_per_insert_within_tolerance(fast: str) -> None:
+    spi, tol, insert, draw = 2.0, 32.0, 8, 8
+    rb = ReplayBuffer(10_000, batch_size=draw, min_size=16, samples_per_insert=spi, tolerance=tol, seed=0)
+    worst = [0.0, 0.0]
+
+    def check() -> None:
+        s = rb.stats()
+        if s.write_count >= rb.min_size:
+            d = spi * (s.write_count - rb.min_size) - s.sample_count
+            worst[0], worst[1] = min(worst[0], d), max(worst[1], d)
+
+    async def collector() -> None:
+        for i in range(60):
+            await rb.extend(frames(i * insert, insert))
+            check()
+            if fast == "learner":
+                await anyio.lowlevel.checkpoint()
+
+    async def learner() -> None:
+        for _ in range(116):  # 116 * 8 = spi * (480 - min_size): both sides finish
+            await rb.sample()
+            check()
+            if fast == "collector":
+                await anyio.lowlevel.checkpoint()
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(collector)
+            tg.start_soon(learner)
+    # Each call is checked before it runs, so one call can overshoot by its own size.
+    assert -tol - draw <= worst[0] and worst[1] <= tol + spi * insert
+    stats = rb.stats()
+    assert stats.samples_per_insert == pytest.approx(spi)
+    waited = stats.insert_wait_seconds if fast == "collector" else stats.sample_wait_seconds
+    assert waited > 0  # the fast side really was held back
+
+
+@pytest.mark.anyio
+async def test_state_dict_round_trip_restores_frames_and_sampler() -> None:
+    rb = ReplayBuffer(20, batch_size=5, sampler=SamplerWithoutReplacement(), seed=3)
+    for start in range(0, 28, 7):
+        await rb.extend(frames(start, 7))
+    await rb.sample()
+    state = rb.state_dict()
+    copy = ReplayBuffer(20, batch_size=5, sampler=SamplerWithoutReplacement(), seed=99)
+    copy.load_state_dict(state)
+    assert stored(copy) == stored(rb) and copy.write_count == rb.write_count
+    for _ in range(6):  # the same epoch position and RNG state: the same samples
+        a, b = await rb.sample(), await copy.sample()
+        assert torch.equal(a["index"], b["index"]) and torch.equal(a["observation"], b["observation"])
+
+
+@pytest.mark.anyio
+async def test_memmap_dumps_loads_round_trip(tmp_path: Path) -> None:
+    rb = ReplayBuffer(50, batch_size=8, storage=MemmapStorage(tmp_path / "scratch"), seed=1)
+    for start in range(0, 70, 10):
+        await rb.extend(frames(start, 10))
+    assert os.listdir(tmp_path / "scratch")  # one file per key
+    rb.dumps(str(tmp_path / "saved"))
+    restored = ReplayBuffer(50, batch_size=8, storage="memmap", seed=5)
+    restored.loads(str(tmp_path / "saved"))
+    assert stored(restored) == stored(rb) == list(range(20, 70))
+    a, b = await rb.sample(), await restored.sample()
+    assert torch.equal(a["index"], b["index"])
+    scratch = restored.storage.path
+    await restored.aclose()
+    assert not os.path.exists(scratch)  # a temporary directory is removed on close
+    with pytest.raises(FileNotFoundError, match=r"^no saved buffer in"):
+        ReplayBuffer(50).loads(str(tmp_path / "missing"))
+
+
+@pytest.mark.anyio
+async def test_prioritized_sampling_follows_updated_priorities() -> None:
+    rb = ReplayBuffer(100, batch_size=256, sampler=PrioritizedSampler(alpha=1.0, beta=1.0), seed=0)
+    await rb.extend(frames(0, 4))
+    rb.update_priority(torch.arange(4), torch.tensor([1.0, 1.0, 1.0, 97.0]))
+    counts = torch.zeros(4)
+    for _ in range(40):
+        batch = await rb.sample()
+        counts += torch.bincount(batch["index"], minlength=4)
+        assert "_weight" in batch.keys() and float(batch["_weight"].max()) <= 1.0
+    assert counts[3] / counts.sum() == pytest.approx(0.97, abs=0.01)
+    with pytest.raises(TypeError, match=r"^update_priority\(\) needs a PrioritizedSampler"):
+        ReplayBuffer(10).update_priority(torch.arange(1), 1.0)
+
+
+@pytest.mark.anyio
+async def test_slice_sampler_waits_until_a_whole_slice_is_stored() -> None:
+    rb = ReplayBuffer(100, batch_size=8, sampler=SliceSampler(slice_len=4), seed=0)
+    got: list[TensorDict] = []
+
+    async def learner() -> None:
+        got.append(await rb.sample())
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(learner)
+            await rb.extend(frames(0, 3, traj=1))  # too short for a slice of 4
+            await anyio.wait_all_tasks_blocked()
+            assert not got
+            await rb.extend(frames(3, 6, traj=2))
+    obs = got[0]["observation"][:, 0].reshape(2, 4)
+    assert torch.equal(obs - obs[:, :1], torch.arange(4.0).expand(2, 4))  # consecutive frames
+    assert (got[0]["collector", "traj_ids"] == 2).all()
+
+
+@pytest.mark.anyio
+async def test_max_policy_lag_drops_old_frames() -> None:
+    rb = ReplayBuffer(100, batch_size=4, max_policy_lag=1, seed=0)
+    for version in range(3):
+        td = frames(version * 4, 4)
+        td["collector", "policy_version"] = torch.full((4,), version)
+        rb.policy_version = version
+        await rb.extend(td)
+    assert stored(rb) == list(range(4, 12))  # version 0 is two behind version 2: dropped
+    rb.policy_version = 1  # older than what the buffer knows: ignored
+    assert rb.policy_version == 2 and len(rb) == 8
+    rb.policy_version = 3  # now version 1 is too old as well
+    assert stored(rb) == list(range(8, 12)) and rb.stats().stale_dropped == 8
+    batch = await rb.sample()
+    assert (batch["collector", "policy_version"] == 2).all()
+    assert rb.stats().sampled_policy_lag_max == 1
+
+
+@pytest.mark.anyio
+async def test_failure_is_raised_by_waiting_and_later_samples() -> None:
+    rb = ReplayBuffer(100, batch_size=4)
+    error = RuntimeError("collector died")
+
+    async def learner() -> None:
+        with pytest.raises(RuntimeError, match="^collector died$"):
+            await rb.sample()
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(learner)
+            await anyio.wait_all_tasks_blocked()
+            rb.fail(error)
+    with pytest.raises(RuntimeError, match="^collector died$"):
+        await rb.extend(frames(0, 4))
+
+
+@pytest.mark.anyio
+async def test_close_wakes_waiters_with_buffer_closed_error() -> None:
+    rb = ReplayBuffer(100, batch_size=4)
+
+    async def learner() -> None:
+        with pytest.raises(BufferClosedError, match=r"^this ReplayBuffer was closed"):
+            await rb.wait_for(10)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(learner)
+            await anyio.wait_all_tasks_blocked()
+            await rb.aclose()
+    await rb.aclose()  # idempotent
+
+
+def test_blocking_twin_waits_in_the_thread_and_refuses_running_loops() -> None:
+    with blocking.ReplayBuffer(100, batch_size=4, seed=0) as rb:
+        rb.extend(frames(0, 8))
+        rb.wait_for(8)
+        assert rb.sample().shape == (4,) and len(rb) == 8 and rb.write_count == 8
+
+        async def misuse() -> None:
+            rb.sample()
+
+        with pytest.raises(RuntimeError, match=r"^aiocollect\.blocking\.ReplayBuffer cannot be used inside a running "
+                           r"event loop; use aiocollect\.ReplayBuffer with 'async with' instead$"):
+            anyio.run(misuse)
+    assert repr(rb).startswith("<blocking.ReplayBuffer [closed")
+
+
+@pytest.mark.anyio
+async def test_waiters_on_another_event_loop_are_woken() -> None:
+    rb = ReplayBuffer(100, batch_size=4)
+    result: list[int] = []
+
+    def other_loop() -> None:
+        async def learner() -> None:
+            result.append((await rb.sample()).numel())
+
+        anyio.run(learner)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(anyio.to_thread.run_sync, other_loop)
+            while not rb._notifier._waiters:  # the other loop's task is now waiting
+                await anyio.lowlevel.checkpoint()
+            await rb.extend(frames(0, 4))
+    assert result == [4]
+
+
+def test_bad_arguments_are_refused_with_the_rule() -> None:
+    cases = [
+        ({"capacity": 0}, ValueError, r"^capacity must be a positive int, got 0$"),
+        ({"capacity": 10, "batch_size": 0}, ValueError, r"^batch_size must be a positive int or None, got 0$"),
+        ({"capacity": 10, "min_size": 11}, ValueError, r"^min_size \(11\) must not exceed capacity \(10\)"),
+        ({"capacity": 10, "samples_per_insert": -1}, ValueError, r"^samples_per_insert must be a positive number"),
+        ({"capacity": 10, "tolerance": 0}, ValueError, r"^tolerance must be a positive number of frames"),
+        ({"capacity": 10, "storage": 3}, TypeError, r"^storage must be None, 'memory', 'shared', 'memmap' or a Storage"),
+        ({"capacity": 10, "transform": 1}, TypeError, r"^transform must be a callable"),
+        ({"capacity": 10, "max_policy_lag": -1}, ValueError, r"^max_policy_lag must be an int >= 0 or None, got -1$"),
+    ]
+    for kwargs, error, pattern in cases:
+        with pytest.raises(error, match=pattern):
+            ReplayBuffer(**kwargs)
