@@ -108,7 +108,7 @@ class BackgroundMixin:
                     if self._paused and self._in_flight() == 0:
                         await self._resumed.wait()
                         continue
-                    await self._collect_one()
+                    await self._next_item()  # type: ignore[attr-defined]
         except Exception as exc:  # noqa: BLE001 - handed to the buffer and to shutdown
             self._bg_error = exc
             self._rb.fail(exc)

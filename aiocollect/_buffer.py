@@ -18,8 +18,10 @@ import anyio.to_thread
 import torch
 from tensordict import TensorDictBase
 
+from ._buffer_io import BufferPersistence
 from ._errors import BufferClosedError, BufferEmptyError, WouldBlock
 from ._notify import Notifier
+from ._ratelimit import RateLimiter
 from ._samplers import SampleContext, make_sampler
 from ._stats import BufferStats
 from ._storage import Storage, frame_layout, make_storage
@@ -52,7 +54,7 @@ class Reservation:
         return int(self.index.numel())
 
 
-class ReplayBuffer:
+class ReplayBuffer(BufferPersistence):
     """A replay buffer whose writers and readers ``await`` each other instead of polling.
 
     Frames live in a preallocated ring (`MemoryStorage` by default, `SharedMemoryStorage`
@@ -113,15 +115,8 @@ class ReplayBuffer:
         self.min_size = _positive_int("min_size", min_size, minimum=0)
         if self.min_size > capacity:
             raise ValueError(f"min_size ({min_size}) must not exceed capacity ({capacity}); lower min_size")
-        spi = samples_per_insert
-        if spi is not None and (isinstance(spi, bool) or not isinstance(spi, (int, float)) or not spi > 0):
-            raise ValueError(f"samples_per_insert must be a positive number or None, got {spi!r}")
-        self.samples_per_insert = None if spi is None else float(spi)
-        if tolerance is not None and (isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance > 0):
-            raise ValueError(f"tolerance must be a positive number of frames or None, got {tolerance!r}")
-        if tolerance is None and spi is not None:
-            tolerance = 2.0 * max(self.batch_size or 1, float(spi))
-        self.tolerance = None if tolerance is None else float(tolerance)
+        self._limiter = RateLimiter.build(self.min_size, samples_per_insert, tolerance, self.batch_size)
+        self.samples_per_insert, self.tolerance = self._limiter.samples_per_insert, self._limiter.tolerance
         if transform is not None and not callable(transform):
             raise TypeError(f"transform must be a callable taking and returning a TensorDict, got {transform!r}")
         self.transform = transform
@@ -203,18 +198,12 @@ class ReplayBuffer:
             return True  # wake up to raise
         if self._in_flight + n > (self.storage.capacity or self.capacity):
             return False
-        spi, inserted = self.samples_per_insert, self._written + self._in_flight
-        if spi is None or inserted < self.min_size:
-            return True
-        return spi * (inserted - self.min_size) - self._sampled < self.tolerance  # type: ignore[operator]
+        return self._limiter.insert_allowed(self._written + self._in_flight, self._sampled)
 
     def _sample_allowed(self) -> bool:
         if self._error is not None or self._closed:
             return True
-        if self._num_valid == 0 or self._written < self.min_size:
-            return False
-        spi = self.samples_per_insert
-        return spi is None or spi * (self._written - self.min_size) - self._sampled > -self.tolerance  # type: ignore[operator]
+        return self._num_valid > 0 and self._limiter.sample_allowed(self._written, self._sampled)
 
     async def _wait(self, predicate: Callable[[], bool]) -> float:
         start = time.perf_counter()
@@ -490,33 +479,6 @@ class ReplayBuffer:
                 return
             self._closed = True
             self.storage.close()
-        self._notifier.notify_all()
-
-    # -- persistence -----------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume: frames, validity, counters, sampler and RNG state."""
-        from ._buffer_io import state_dict
-
-        return state_dict(self)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a `state_dict` (the capacity and layout must match)."""
-        from ._buffer_io import load_state_dict
-
-        load_state_dict(self, state)
-        self._notifier.notify_all()
-
-    def dumps(self, path: str) -> None:
-        """Write the buffer (frames as memory-mapped files, plus its state) to directory ``path``."""
-        from ._buffer_io import dumps
-
-        dumps(self, path)
-
-    def loads(self, path: str) -> None:
-        """Restore a buffer written by `dumps` (the frame files are mapped, then copied in)."""
-        from ._buffer_io import loads
-
-        loads(self, path)
         self._notifier.notify_all()
 
     def __del__(self) -> None:

@@ -18,7 +18,7 @@ from ._storage import map_files
 if TYPE_CHECKING:
     from ._buffer import ReplayBuffer
 
-__all__ = ["dumps", "load_state_dict", "loads", "state_dict"]
+__all__ = ["BufferPersistence", "dumps", "load_state_dict", "loads", "state_dict"]
 
 _FORMAT = 1
 
@@ -130,3 +130,25 @@ def loads(rb: ReplayBuffer, path: str) -> None:
             for k, t in st.tensors.items():
                 t.copy_(files[k])
         _set_counters(rb, meta)
+
+
+class BufferPersistence:
+    """The persistence methods of `ReplayBuffer` (a mixin, so the buffer module stays small)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume: frames, validity, counters, sampler and RNG state."""
+        return state_dict(self)  # type: ignore[arg-type]
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a `state_dict` (the capacity and layout must match)."""
+        load_state_dict(self, state)  # type: ignore[arg-type]
+        self._notifier.notify_all()  # type: ignore[attr-defined]
+
+    def dumps(self, path: str) -> None:
+        """Write the buffer (frames as memory-mapped files, plus its state) to directory ``path``."""
+        dumps(self, path)  # type: ignore[arg-type]
+
+    def loads(self, path: str) -> None:
+        """Restore a buffer written by `dumps` (the frame files are mapped, then copied in)."""
+        loads(self, path)  # type: ignore[arg-type]
+        self._notifier.notify_all()  # type: ignore[attr-defined]

@@ -70,6 +70,15 @@ class Collector(CollectorLifecycle):
             of yielding them: iteration then yields ``None`` per batch written, and `start`
             collects in the background. ``init_random_frames`` then counts the buffer's
             ``write_count``.
+        extend_buffer: With a replay buffer, ``True`` writes whole batches; ``False`` writes
+            each time step's frames as its own insert, in time order (TorchRL's per-step
+            ``add``; no ``postproc``/``split_trajs``).
+        trajs_per_batch: Yield batches of this many complete trajectories instead of
+            fixed-size batches (unfinished episodes carry over; with a replay buffer, only
+            complete episodes are written, as flat runs of frames).
+        traj_format: ``"padded"`` (default: ``[N, max_len]`` with ``("collector", "mask")``)
+            or ``"cat"`` (trajectories concatenated along one flat dim).
+        trajs_per_write: With a replay buffer: complete trajectories per ``extend`` (default 1).
 
     Raises:
         TypeError: An argument has the wrong type (raised before any env is built).
@@ -109,6 +118,10 @@ class Collector(CollectorLifecycle):
         max_queued_batches: int = 0,
         shutdown_timeout: float = 10.0,
         replay_buffer: Any = None,
+        extend_buffer: bool = True,
+        trajs_per_batch: int | None = None,
+        traj_format: str | None = None,
+        trajs_per_write: int | None = None,
     ) -> None:
         self._cfg = validate_config(
             create_env_fn=create_env_fn, policy=policy, frames_per_batch=frames_per_batch,
@@ -131,7 +144,11 @@ class Collector(CollectorLifecycle):
         self._env: Any = None
         self._rollout: Rollout | None = None
         self._layout_checked = False
-        self._init_lifecycle(cfg.total_frames, cfg.frames_per_batch, cfg.max_queued_batches, replay_buffer)
+        self._init_lifecycle(
+            cfg.total_frames, cfg.frames_per_batch, cfg.max_queued_batches, replay_buffer,
+            trajs_per_batch=trajs_per_batch, traj_format=traj_format, trajs_per_write=trajs_per_write,
+            extend_buffer=extend_buffer, postprocessing=cfg.split_trajs or cfg.postproc is not None,
+        )  # fmt: skip
 
     # -- lifecycle -----------------------------------------------------------------------------
     def _build(self) -> None:
@@ -194,8 +211,8 @@ class Collector(CollectorLifecycle):
         await self._ensure_started()
         rollout = self._rollout
         assert rollout is not None
-        rb, cfg = self._rb, self._cfg
-        done = rb.write_count if rb is not None else self._frames
+        rb, cfg = self._batch_rb, self._cfg
+        done = self._rb.write_count if self._rb is not None else self._frames
         random = self._policy.is_random or done < cfg.init_random_frames
         start = time.perf_counter()
         direct = rb is not None and rollout.buf is not None and not (cfg.split_trajs or cfg.postproc)
@@ -218,7 +235,7 @@ class Collector(CollectorLifecycle):
         return None
 
     async def _collect_into_buffer(self, rollout: Rollout, random: bool, start: float) -> None:
-        rb = self._rb
+        rb = self._batch_rb
         shape = (*rollout.B, rollout.T)
         if not self._layout_checked:
             rb.storage.check_layout([(k, s[len(shape) :], d) for k, s, d in rollout.output_layout()])
@@ -291,9 +308,14 @@ class Collector(CollectorLifecycle):
             self._seed_plan = None
 
     def reset(self) -> None:
-        """Reset every env (with fresh trajectory ids) at the start of the next batch."""
+        """Reset every env (with fresh trajectory ids) at the start of the next batch.
+
+        In ``trajs_per_batch`` mode, unfinished and queued trajectories are dropped.
+        """
         if self._rollout is not None:
             self._rollout.request_reset()
+        if self._traj is not None:
+            self._traj.reset()
 
     def state_dict(self) -> dict[str, Any]:
         """Return the collector's resumable state: counters, RNG state and policy weights."""

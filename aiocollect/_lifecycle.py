@@ -20,8 +20,12 @@ from tensordict import TensorDictBase
 from ._background import BackgroundMixin
 from ._errors import CollectorClosedError
 from ._stats import CollectorStats
+from ._trajs import TrajectoryAssembler, check_traj_args
 
 __all__ = ["CollectorLifecycle"]
+
+
+_NOTHING = object()  # the frame budget ran out before a whole batch of trajectories
 
 
 class _Failure:
@@ -39,9 +43,33 @@ class CollectorLifecycle(BackgroundMixin):
     _frames_per_batch: int
 
     def _init_lifecycle(
-        self, total_frames: float, frames_per_batch: int, max_queued_batches: int, replay_buffer: Any = None
+        self,
+        total_frames: float,
+        frames_per_batch: int,
+        max_queued_batches: int,
+        replay_buffer: Any = None,
+        *,
+        trajs_per_batch: int | None = None,
+        traj_format: str | None = None,
+        trajs_per_write: int | None = None,
+        extend_buffer: bool = True,
+        postprocessing: bool = False,
     ) -> None:
         self._init_background(replay_buffer)
+        rb = self._rb
+        check_traj_args(trajs_per_batch, traj_format, trajs_per_write, rb.storage.ndim if rb is not None else None)
+        if not isinstance(extend_buffer, bool):
+            raise TypeError(f"extend_buffer must be a bool, got {extend_buffer!r}")
+        if not extend_buffer and rb is not None and (postprocessing or trajs_per_batch is not None):
+            raise ValueError(
+                "extend_buffer=False writes frames into the buffer step by step, without postproc, split_trajs "
+                "or trajs_per_batch; drop those or keep extend_buffer=True"
+            )
+        self._traj = None if trajs_per_batch is None else TrajectoryAssembler(trajs_per_batch, traj_format, trajs_per_write)
+        # Raw mode: the collector hands back plain batches, and _next_item turns them into
+        # trajectories or step-by-step buffer writes. Otherwise batches go to the buffer whole.
+        self._raw_mode = self._traj is not None or (rb is not None and not extend_buffer)
+        self._batch_rb = None if self._raw_mode else rb
         self._total_frames = total_frames
         self._frames_per_batch = frames_per_batch
         self._max_queued_batches = max_queued_batches
@@ -147,12 +175,35 @@ class CollectorLifecycle(BackgroundMixin):
     def _exhausted(self) -> bool:
         return self._frames >= self._total_frames
 
+    async def _next_item(self) -> Any:
+        """One item of iteration: a batch, ``None`` (written to the buffer) or `_NOTHING`."""
+        if not self._raw_mode:
+            return await self._collect_one()
+        rb = self._rb
+        while not self._exhausted():
+            raw = await self._collect_one()
+            if self._traj is None:  # extend_buffer=False: one write per time step, as TorchRL's add
+                for t in range(raw.shape[-1]):
+                    await rb.extend(raw[..., t])
+                return None
+            self._traj.add(raw)
+            if rb is not None:
+                for group in self._traj.pop_writes():
+                    await rb.extend(group)
+                return None
+            if self._traj.ready():
+                return self._traj.pop()
+        return _NOTHING
+
     async def _produce(self) -> None:
         try:
             with self._producer_scope:  # type: ignore[union-attr]
                 while not self._exhausted():
                     await self._demand.acquire()
-                    await self._send.send(await self._collect_one())
+                    item = await self._next_item()
+                    if item is _NOTHING:
+                        break
+                    await self._send.send(item)
         except Exception as exc:  # noqa: BLE001 - delivered to the consumer, never dropped
             try:
                 await self._send.send(_Failure(exc))
@@ -183,10 +234,14 @@ class CollectorLifecycle(BackgroundMixin):
         if self._closed:
             raise CollectorClosedError(f"this {type(self).__name__} was shut down; create a new one")
         try:
-            return await self._collect_one()
+            item = await self._next_item()
         except Exception:
             await self.aclose()
             raise
+        if item is _NOTHING:
+            await self.aclose()
+            raise StopAsyncIteration
+        return item
 
     # -- reporting ---------------------------------------------------------------------------
     def _count(self, frames: int, seconds: float) -> None:

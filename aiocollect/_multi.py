@@ -58,6 +58,10 @@ class _MultiCollector(MultiCollectorBase):
         num_sub_threads: int = 1,
         max_queued_batches: int = 0,
         replay_buffer: Any = None,
+        extend_buffer: bool = True,
+        trajs_per_batch: int | None = None,
+        traj_format: str | None = None,
+        trajs_per_write: int | None = None,
         restart_workers: int = 0,
         weight_sync_timeout: float = 60.0,
         shutdown_timeout: float = 10.0,
@@ -78,7 +82,10 @@ class _MultiCollector(MultiCollectorBase):
             reset_when_done=reset_when_done, set_truncated=set_truncated, track_traj_ids=track_traj_ids,
             shutdown_timeout=shutdown_timeout,
         )  # fmt: skip
-        self._init_multi(mc, policy, replay_buffer)
+        self._init_multi(
+            mc, policy, replay_buffer, extend_buffer=extend_buffer, trajs_per_batch=trajs_per_batch,
+            traj_format=traj_format, trajs_per_write=trajs_per_write,
+        )  # fmt: skip
 
 
 _ARGS_DOC = """

@@ -44,7 +44,7 @@ _CONTROL = 64  # bytes after a worker's slots: its preemption word (the batch to
 class MultiCollectorBase(CollectorLifecycle):
     """What `MultiSyncCollector` and `MultiAsyncCollector` share (not public)."""
 
-    def _init_multi(self, mc: MultiConfig, policy: Any, replay_buffer: Any) -> None:
+    def _init_multi(self, mc: MultiConfig, policy: Any, replay_buffer: Any, **traj_args: Any) -> None:
         self._mc, self._cfg = mc, mc.cfg
         self._backend = get_worker_backend(mc.backend)
         self._policy = policy
@@ -66,7 +66,10 @@ class MultiCollectorBase(CollectorLifecycle):
         self._update_lock: anyio.Lock | None = None
         for w in range(n):  # fail on unpicklable factories now, before anything is spawned
             self._config_bytes(w)
-        self._init_lifecycle(mc.cfg.total_frames, mc.total_fpb, mc.cfg.max_queued_batches, replay_buffer)
+        self._init_lifecycle(
+            mc.cfg.total_frames, mc.total_fpb, mc.cfg.max_queued_batches, replay_buffer, **traj_args,
+            postprocessing=mc.cfg.split_trajs or mc.cfg.postproc is not None,
+        )  # fmt: skip
         rb = self._rb
         if rb is not None and not rb.storage.shareable:
             if rb.storage.built:
@@ -75,8 +78,9 @@ class MultiCollectorBase(CollectorLifecycle):
                     "write into SharedMemoryStorage or MemmapStorage: pass storage=SharedMemoryStorage() to it"
                 )
             rb.storage = SharedMemoryStorage(ndim=rb.storage.ndim)  # not built yet: no data to move
-        # Post-processing runs in the parent, so those batches reach the buffer through it.
-        self._direct = rb is not None and not (self._cfg.split_trajs or self._cfg.postproc is not None)
+        # Post-processing (and trajectory assembly) runs in the parent, so those batches
+        # reach the buffer through it; all others are written by the workers themselves.
+        self._direct = self._batch_rb is not None and not (self._cfg.split_trajs or self._cfg.postproc is not None)
 
     def _config_bytes(self, w: int) -> bytes:
         mc = self._mc
@@ -287,8 +291,8 @@ class MultiCollectorBase(CollectorLifecycle):
     async def _finish(self, batch: TensorDictBase, frames: int, start: float) -> TensorDictBase | None:
         if self._cfg.split_trajs or self._cfg.postproc is not None or self._cfg.storing_device is not None:
             batch = await anyio.to_thread.run_sync(self._post, batch)
-        if self._rb is not None:
-            await self._rb.extend(batch)  # post-processed batches go through the parent
+        if self._batch_rb is not None:
+            await self._batch_rb.extend(batch)  # post-processed batches go through the parent
             batch = None
         self._count(frames, time.perf_counter() - start)
         return batch
@@ -370,9 +374,14 @@ class MultiCollectorBase(CollectorLifecycle):
         return int(root.spawn(1)[0].generate_state(1)[0])
 
     def reset(self) -> None:
-        """Reset every worker's envs (with fresh trajectory ids) before its next batch."""
+        """Reset every worker's envs (with fresh trajectory ids) before its next batch.
+
+        In ``trajs_per_batch`` mode, unfinished and queued trajectories are dropped.
+        """
         for handle in self._workers:
             handle.send(("reset",))
+        if self._traj is not None:
+            self._traj.reset()
 
     def state_dict(self) -> dict[str, Any]:
         """Return counters, the policy version and the policy's weights."""

@@ -141,3 +141,19 @@ async def test_preemptive_threshold_cuts_stragglers_short() -> None:
     # The cut is a suffix: a straggler stops, it does not skip steps.
     first_cut = int(cut.nonzero()[0])
     assert cut[first_cut:].all()
+
+
+async def test_trajectory_mode_assembles_whole_episodes_from_every_worker() -> None:
+    rb = ReplayBuffer(10_000)
+    with anyio.fail_after(90):
+        async with MultiSyncCollector(worker_envs(2), num_workers=2, frames_per_batch=16, total_frames=64,
+                                      trajs_per_batch=2, replay_buffer=rb) as c:  # fmt: skip
+            items = [b async for b in c]
+    assert items == [None] * 4
+    obs = rb.storage.tensors["observation"][: rb.write_count].long()
+    # every stored run of frames is a whole episode of LENGTH consecutive steps of one env
+    assert rb.write_count % LENGTH == 0 and rb.write_count > 0
+    for run in obs.reshape(-1, LENGTH, 3):
+        assert (run[:, 0] == run[0, 0]).all() and (run[:, 1] == run[0, 1]).all()
+        assert run[:, 2].tolist() == list(range(LENGTH))
+    assert set(obs[:, 0].tolist()) == {0, 1, 2, 3}  # both workers' envs

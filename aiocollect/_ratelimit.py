@@ -1,0 +1,50 @@
+"""Reverb-style rate limiting for the replay buffer: a sample-to-insert ratio with a tolerance.
+
+The limiter keeps ``d = samples_per_insert * (inserted - min_size) - sampled`` inside
+``(-tolerance, tolerance)``: writers wait while ``d >= tolerance`` (the learner is behind),
+samplers while ``d <= -tolerance`` (the collectors are behind). Each call is checked
+*before* it runs, so batched calls never deadlock whatever their size: when one side waits,
+the other is allowed. One call may overshoot the band by its own size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["RateLimiter"]
+
+
+@dataclass(frozen=True)
+class RateLimiter:
+    """The buffer's admission rules (pure: the buffer passes in its counters)."""
+
+    min_size: int
+    samples_per_insert: float | None
+    tolerance: float | None
+
+    @classmethod
+    def build(cls, min_size: int, samples_per_insert: object, tolerance: object, batch_size: int | None) -> RateLimiter:
+        """Validate the buffer's rate arguments (``ValueError`` with the rule, value and fix)."""
+        spi = samples_per_insert
+        if spi is not None and (isinstance(spi, bool) or not isinstance(spi, (int, float)) or not spi > 0):
+            raise ValueError(f"samples_per_insert must be a positive number or None, got {spi!r}")
+        tol = tolerance
+        if tol is not None and (isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol > 0):
+            raise ValueError(f"tolerance must be a positive number of frames or None, got {tol!r}")
+        if tol is None and spi is not None:
+            tol = 2.0 * max(batch_size or 1, float(spi))  # type: ignore[arg-type]
+        return cls(min_size, None if spi is None else float(spi), None if tol is None else float(tol))  # type: ignore[arg-type]
+
+    def insert_allowed(self, inserted: int, sampled: int) -> bool:
+        """May a writer go on, with ``inserted`` frames written or reserved so far?"""
+        spi = self.samples_per_insert
+        if spi is None or inserted < self.min_size:
+            return True
+        return spi * (inserted - self.min_size) - sampled < self.tolerance  # type: ignore[operator]
+
+    def sample_allowed(self, written: int, sampled: int) -> bool:
+        """May a sampler go on, with ``written`` frames committed so far?"""
+        if written < self.min_size:
+            return False
+        spi = self.samples_per_insert
+        return spi is None or spi * (written - self.min_size) - sampled > -self.tolerance  # type: ignore[operator]

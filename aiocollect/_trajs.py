@@ -1,0 +1,111 @@
+"""Complete-trajectory mode (TorchRL's ``trajs_per_batch``): batches of whole episodes.
+
+`TrajectoryAssembler` takes the ordinary ``[*B, T]`` batches a collector produces, cuts each
+env's steps at ``("next", "done")``, carries unfinished episodes over to the next batch and
+queues finished ones in completion order. A batch is ``trajs_per_batch`` of them, either
+zero-padded to ``[N, max_len]`` with a ``("collector", "mask")`` (``traj_format="padded"``)
+or concatenated flat (``"cat"``). With a replay buffer, finished episodes are written as
+flat runs of frames, ``trajs_per_write`` per ``extend``; unfinished ones never are.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+__all__ = ["TrajectoryAssembler", "check_traj_args"]
+
+_FORMATS = ("padded", "cat")
+
+
+def check_traj_args(trajs_per_batch: Any, traj_format: Any, trajs_per_write: Any, storage_ndim: int | None) -> None:
+    """Validate the trajectory-mode arguments (before anything is built)."""
+    if trajs_per_batch is None:
+        if traj_format is not None or trajs_per_write is not None:
+            raise ValueError("traj_format and trajs_per_write need trajs_per_batch; set trajs_per_batch or drop them")
+        return
+    if isinstance(trajs_per_batch, bool) or not isinstance(trajs_per_batch, int) or trajs_per_batch < 1:
+        raise ValueError(f"trajs_per_batch must be a positive int or None, got {trajs_per_batch!r}")
+    if traj_format is not None and traj_format not in _FORMATS:
+        raise ValueError(f"traj_format must be 'padded' or 'cat', got {traj_format!r}")
+    if trajs_per_write is not None and (
+        isinstance(trajs_per_write, bool) or not isinstance(trajs_per_write, int) or trajs_per_write < 1
+    ):
+        raise ValueError(f"trajs_per_write must be a positive int or None, got {trajs_per_write!r}")
+    if storage_ndim == 2:
+        raise ValueError("trajs_per_batch writes episodes as flat runs of frames; give the replay buffer ndim=1 storage")
+
+
+class TrajectoryAssembler:
+    """Turns fixed-size batches into whole trajectories (see the module docstring)."""
+
+    def __init__(self, trajs_per_batch: int, traj_format: str | None, trajs_per_write: int | None) -> None:
+        self.n = trajs_per_batch
+        self.format = traj_format or "padded"
+        self.per_write = trajs_per_write or 1
+        self._partial: dict[int, list[TensorDictBase]] = {}  # env row -> pieces of its open episode
+        self._done: deque[TensorDictBase] = deque()
+
+    def reset(self) -> None:
+        """Drop unfinished and queued trajectories (the collector's ``reset()``)."""
+        self._partial.clear()
+        self._done.clear()
+
+    def add(self, batch: TensorDictBase) -> None:
+        """Cut a ``[*B, T]`` batch into episodes; queue the finished ones in completion order."""
+        rows = batch.reshape(-1, batch.shape[-1]) if batch.ndim > 1 else batch.unsqueeze(0)
+        done = rows.get(("next", "done")).reshape(rows.shape)
+        finished: list[tuple[int, int, TensorDictBase]] = []  # (end step, env row, episode)
+        for r in range(rows.shape[0]):
+            ends = torch.nonzero(done[r]).flatten().tolist()
+            start = 0
+            for end in ends:
+                pieces = self._partial.pop(r, [])
+                pieces.append(rows[r, start : end + 1])
+                finished.append((end, r, _cat(pieces)))
+                start = end + 1
+            if start < rows.shape[1]:
+                self._partial.setdefault(r, []).append(rows[r, start:].clone())
+        finished.sort(key=lambda item: (item[0], item[1]))
+        self._done.extend(traj for _, _, traj in finished)
+
+    def ready(self) -> bool:
+        """Whether a whole batch of trajectories is queued."""
+        return len(self._done) >= self.n
+
+    def pop(self) -> TensorDictBase:
+        """The next ``trajs_per_batch`` trajectories, padded or concatenated."""
+        trajs = [self._done.popleft() for _ in range(self.n)]
+        if self.format == "cat":
+            return _cat(trajs)
+        return _pad(trajs)
+
+    def pop_writes(self) -> list[TensorDictBase]:
+        """Finished trajectories grouped ``trajs_per_write`` at a time, as flat frame runs."""
+        out = []
+        while len(self._done) >= self.per_write:
+            out.append(_cat([self._done.popleft() for _ in range(self.per_write)]))
+        return out
+
+
+def _cat(pieces: list[TensorDictBase]) -> TensorDictBase:
+    return pieces[0].clone() if len(pieces) == 1 else torch.cat(pieces, 0)
+
+
+def _pad(trajs: list[TensorDictBase]) -> TensorDictBase:
+    longest = max(t.shape[0] for t in trajs)
+    out = TensorDict(
+        {k: torch.zeros((len(trajs), longest, *v.shape[1:]), dtype=v.dtype)
+         for k, v in trajs[0].items(include_nested=True, leaves_only=True)},
+        batch_size=[len(trajs), longest],
+    )  # fmt: skip
+    mask = torch.zeros(len(trajs), longest, dtype=torch.bool)
+    for i, t in enumerate(trajs):
+        out[i, : t.shape[0]] = t
+        mask[i, : t.shape[0]] = True
+    out.set(("collector", "mask"), mask)
+    out.refine_names(None, "time")
+    return out
