@@ -114,6 +114,8 @@ class BackgroundMixin:
             self._rb.fail(exc)
         finally:
             self._bg_running = False
+            if self._exhausted():
+                self._writer_done()  # type: ignore[attr-defined]
             self._batch_done()
 
     @asynccontextmanager

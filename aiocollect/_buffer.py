@@ -28,7 +28,7 @@ from ._storage import Storage, frame_layout, make_storage
 
 __all__ = ["ReplayBuffer", "Reservation"]
 
-_INLINE_BYTES = 1 << 20  # copies above this size run in a worker thread, off the event loop
+_INLINE_BYTES = 16 << 20  # copies above this size (several ms) run in a worker thread, off the loop
 _POLICY_VERSION = ("collector", "policy_version")
 
 
@@ -39,6 +39,10 @@ def _positive_int(name: str, value: Any, *, allow_none: bool = False, minimum: i
         kind = "a positive int" if minimum == 1 else f"an int >= {minimum}"
         raise ValueError(f"{name} must be {kind}{' or None' if allow_none else ''}, got {value!r}")
     return value
+
+
+def _leaves(td: TensorDictBase) -> Any:
+    return td.items(include_nested=True, leaves_only=True)
 
 
 @dataclass
@@ -139,6 +143,8 @@ class ReplayBuffer(BufferPersistence):
         self._insert_wait = self._sample_wait = 0.0
         self._error: BaseException | None = None
         self._error_delivered = False
+        self._writers, self._writers_seen = 0, False
+        self._frame_nbytes = 0
         self._closed = False
 
     # -- counters ----------------------------------------------------------------------------
@@ -203,7 +209,22 @@ class ReplayBuffer(BufferPersistence):
     def _sample_allowed(self) -> bool:
         if self._error is not None or self._closed:
             return True
-        return self._num_valid > 0 and self._limiter.sample_allowed(self._written, self._sampled)
+        # Once every collector that fed the buffer has finished, nothing will be inserted
+        # any more: the ratio no longer holds samplers back (min_size still does).
+        done = self._writers_seen and self._writers == 0
+        return self._num_valid > 0 and self._limiter.sample_allowed(self._written, self._sampled, ratio=not done)
+
+    def attach_writer(self) -> None:
+        """Register a collector that will feed the buffer (collectors call this themselves)."""
+        with self._lock:
+            self._writers += 1
+            self._writers_seen = True
+
+    def detach_writer(self) -> None:
+        """A collector has stopped feeding the buffer; when none is left, samplers stop waiting on the ratio."""
+        with self._lock:
+            self._writers = max(0, self._writers - 1)
+        self._notifier.notify_all()
 
     async def _wait(self, predicate: Callable[[], bool]) -> float:
         start = time.perf_counter()
@@ -216,8 +237,15 @@ class ReplayBuffer(BufferPersistence):
         if not isinstance(td, TensorDictBase):
             raise TypeError(f"extend() takes a TensorDict, got {type(td).__name__}")
         dims = td.batch_dims
-        if self.storage.ndim == 2 and dims < 1:
-            raise ValueError("an ndim=2 buffer stores [..., time] rollouts; extend with a batch that has a time dim")
+        if self.storage.ndim == 2:
+            if dims < 1:
+                raise ValueError("an ndim=2 buffer stores [..., time] rollouts; extend with a batch that has a time dim")
+            row = self.storage.row_length
+            if row is not None and td.shape[-1] != row:
+                raise ValueError(
+                    f"this ndim=2 buffer stores rows of {row} steps, got a batch with {td.shape[-1]}; "
+                    "extend with the same time length each time (or use ndim=1)"
+                )
         return td.numel(), tuple(td.batch_size), dims
 
     def build(self, layout: Any, row_length: int) -> None:
@@ -226,6 +254,7 @@ class ReplayBuffer(BufferPersistence):
             if self.storage.built:
                 return
             self.storage.build(self.capacity, layout, row_length)
+            self._frame_nbytes = sum(t[0].numel() * t.element_size() for t in self.storage.tensors.values())
             self._valid = torch.zeros(self.storage.capacity, dtype=torch.bool)
             self.sampler.reset(self.storage.capacity)
 
@@ -239,11 +268,13 @@ class ReplayBuffer(BufferPersistence):
             raise ValueError(
                 f"a batch of {n} frames does not fit in a buffer of {self.storage.capacity} frames; raise capacity"
             )
-        waited = await self._wait(lambda: self._insert_allowed(n))
-        with self._lock:
-            self._insert_wait += waited
-            self._raise_if_unusable()
-            return self._reserve_now(n, batch_shape)
+        while True:
+            waited = await self._wait(lambda: self._insert_allowed(n))
+            with self._lock:
+                self._insert_wait += waited
+                self._raise_if_unusable()
+                if self._insert_allowed(n):  # another writer may have been first
+                    return self._reserve_now(n, batch_shape)
 
     def try_reserve(self, n: int, batch_shape: tuple[int, ...]) -> Reservation | None:
         """`reserve` without waiting: ``None`` if the rate limiter or capacity says wait."""
@@ -262,11 +293,13 @@ class ReplayBuffer(BufferPersistence):
                 f"{len(requests)} batches of {total} frames in all do not fit in a buffer of "
                 f"{self.storage.capacity} frames; raise capacity"
             )
-        waited = await self._wait(lambda: self._insert_allowed(total))
-        with self._lock:
-            self._insert_wait += waited
-            self._raise_if_unusable()
-            return [self._reserve_now(n, shape) for n, shape in requests]
+        while True:
+            waited = await self._wait(lambda: self._insert_allowed(total))
+            with self._lock:
+                self._insert_wait += waited
+                self._raise_if_unusable()
+                if self._insert_allowed(total):
+                    return [self._reserve_now(n, shape) for n, shape in requests]
 
     def _reserve_now(self, n: int, batch_shape: tuple[int, ...]) -> Reservation:
         cap, start = self.storage.capacity, self._cursor
@@ -326,6 +359,28 @@ class ReplayBuffer(BufferPersistence):
             self._in_flight -= reservation.n
         self._notifier.notify_all()
 
+    def extend_nowait(self, td: TensorDictBase) -> torch.Tensor:
+        """`extend` without waiting (safe from any thread); the copy runs in the calling thread.
+
+        Raises:
+            WouldBlock: The rate limiter (or writers holding the whole ring) says wait.
+        """
+        self._raise_if_unusable()
+        n, shape, dims = self._frames_of(td)
+        if not self.storage.built:
+            self.build(frame_layout(td, dims), shape[-1] if dims else 1)
+        self.storage.check(td, dims)
+        res = self.try_reserve(n, shape)
+        if res is None:
+            raise WouldBlock("extend_nowait() would wait: the learner is behind samples_per_insert; await extend()")
+        try:
+            self.storage.write(res.pieces, {k: v.reshape(n, *v.shape[dims:]) for k, v in _leaves(td)})
+        except BaseException:
+            self.abort(res)
+            raise
+        self.commit(res)
+        return res.index
+
     async def extend(self, td: TensorDictBase) -> torch.Tensor:
         """Append a batch (any batch shape; frames are stored in row-major order).
 
@@ -348,8 +403,8 @@ class ReplayBuffer(BufferPersistence):
         self.storage.check(td, dims)
         res = await self.reserve(n, shape)
         try:
-            flat = {k: v.reshape(n, *v.shape[dims:]) for k, v in td.items(include_nested=True, leaves_only=True)}
-            if n * sum(t[0].numel() * t.element_size() for t in self.storage.tensors.values()) > _INLINE_BYTES:
+            flat = {k: v.reshape(n, *v.shape[dims:]) for k, v in _leaves(td)}
+            if n * self._frame_nbytes > _INLINE_BYTES:
                 await anyio.to_thread.run_sync(self.storage.write, res.pieces, flat)
             else:
                 self.storage.write(res.pieces, flat)
@@ -374,17 +429,31 @@ class ReplayBuffer(BufferPersistence):
             row_length=self.storage.row_length,
         )  # fmt: skip
 
-    def _sample_now(self, batch_size: int) -> TensorDictBase:
+    def _sample_now(self, batch_size: int, *, nowait: bool = False) -> TensorDictBase | None:
+        """Sample under the lock; ``None`` if sampling is not allowed right now.
+
+        With ``nowait`` a refusal raises instead: `BufferEmptyError` or `WouldBlock`.
+        """
         with self._lock:
+            self._raise_if_unusable()
+            if nowait and (self._num_valid == 0 or self._written < self.min_size):
+                raise BufferEmptyError(
+                    f"sample() called on a buffer holding {self._num_valid} frames (min_size {self.min_size}); "
+                    f"await buffer.wait_for({max(self.min_size, 1)}) first"
+                )
+            if not self._sample_allowed():
+                if nowait:
+                    raise WouldBlock("sample_nowait() would wait: sampling is ahead of samples_per_insert; await sample()")
+                return None  # another sampler got there first
             index, info = self.sampler.sample(self._context(), batch_size, self._generator)
             td = self.storage.gather(index)
             self._sampled += batch_size
             versions = td.get(_POLICY_VERSION, None)
             if versions is not None and versions.numel():
                 lag = self._policy_version - versions
-                self._lag_sum += int(lag.sum())
-                self._lag_count += int(lag.numel())
-                self._lag_max = max(self._lag_max, int(lag.max()))
+                total, worst = torch.stack([lag.sum(), lag.max()]).tolist()
+                self._lag_sum, self._lag_count = self._lag_sum + total, self._lag_count + lag.numel()
+                self._lag_max = max(self._lag_max, worst)
         self._notifier.notify_all()  # a sample may let a rate-limited writer go on
         td.set("index", index)
         for k, v in info.items():
@@ -393,6 +462,9 @@ class ReplayBuffer(BufferPersistence):
 
     async def sample(self, batch_size: int | None = None) -> TensorDictBase:
         """Sample frames, waiting until ``min_size`` is reached and the rate limiter allows it.
+
+        Once every collector feeding the buffer has finished, only ``min_size`` is waited
+        for: nothing more will be inserted, so the ratio no longer holds sampling back.
 
         Args:
             batch_size: Frames to sample (default: the buffer's ``batch_size``).
@@ -410,44 +482,37 @@ class ReplayBuffer(BufferPersistence):
             waited = await self._wait(self._sample_allowed)
             with self._lock:
                 self._sample_wait += waited
-                self._raise_if_unusable()
                 written = self._written
             try:
-                if self.storage.built and bs * self._frame_bytes() > _INLINE_BYTES:
-                    return await anyio.to_thread.run_sync(self._sample_now, bs)
-                return self._sample_now(bs)
+                if bs * self._frame_nbytes > _INLINE_BYTES:
+                    td = await anyio.to_thread.run_sync(self._sample_now, bs)
+                else:
+                    td = self._sample_now(bs)
+                if td is not None:
+                    return td
             except BufferEmptyError:
                 # The sampler needs more than is stored (e.g. a whole slice): wait for a write.
                 waited = await self._wait(lambda: self._written > written or self._error is not None or self._closed)
                 self._sample_wait += waited
 
-    def _frame_bytes(self) -> int:
-        return sum(t[0].numel() * t.element_size() for t in self.storage.tensors.values())
-
     def sample_nowait(self, batch_size: int | None = None) -> TensorDictBase:
-        """Sample without waiting.
+        """Sample without waiting (safe from any thread).
 
         Raises:
-            BufferEmptyError: Nothing is stored yet (or less than ``min_size``).
+            BufferEmptyError: Nothing is stored yet (or less than ``min_size``), or the
+                sampler finds nothing it may return (e.g. no whole slice).
             WouldBlock: The rate limiter says the collectors are behind.
         """
-        bs = self._batch_size(batch_size)
-        with self._lock:
-            self._raise_if_unusable()
-            if self._num_valid == 0 or self._written < self.min_size:
-                raise BufferEmptyError(
-                    f"sample() called on a buffer holding {self._num_valid} frames (min_size {self.min_size}); "
-                    f"await buffer.wait_for({max(self.min_size, 1)}) first"
-                )
-            if not self._sample_allowed():
-                raise WouldBlock("sample_nowait() would wait: sampling is ahead of samples_per_insert; await sample()")
-        return self._sample_now(bs)
+        td = self._sample_now(self._batch_size(batch_size), nowait=True)
+        assert td is not None
+        return td
 
     async def wait_for(self, n: int) -> None:
         """Wait until at least ``n`` frames are stored (``len(buffer) >= n``)."""
         n = _positive_int("n", n, minimum=0)
-        if n > self.capacity:
-            raise ValueError(f"wait_for({n}) can never return: the buffer holds at most {self.capacity} frames")
+        cap = self.storage.capacity or self.capacity  # ndim=2 storage rounds down to whole rows
+        if n > cap:
+            raise ValueError(f"wait_for({n}) can never return: the buffer holds at most {cap} frames")
         self._raise_if_unusable()
         await self._wait(lambda: self._num_valid >= n or self._error is not None or self._closed)
         self._raise_if_unusable()

@@ -107,6 +107,9 @@ class CollectorLifecycle(BackgroundMixin):
         if not self._started:
             await self._start()
             self._started = True
+            if self._rb is not None:
+                self._rb.attach_writer()
+                self._writing = True
 
     async def __aenter__(self) -> Any:
         if self._tg is not None:
@@ -155,6 +158,7 @@ class CollectorLifecycle(BackgroundMixin):
         if self._closed:
             return
         self._closed = True
+        self._writer_done()
         self._stop_requested()
         # Only the producer is cancelled: the task group's own scope also covers the user's
         # 'async with' body, which aclose() must not cancel.
@@ -167,9 +171,16 @@ class CollectorLifecycle(BackgroundMixin):
     def __del__(self) -> None:
         if getattr(self, "_started", False) and not self._closed:
             self._closed = True
+            self._writer_done()
             self._stop_requested()
             warnings.warn(f"unclosed {self!r}; use 'async with' or call aclose()", ResourceWarning, stacklevel=1)
             self._close_now()
+
+    def _writer_done(self) -> None:
+        """Tell the replay buffer this collector will write no more (once)."""
+        if getattr(self, "_writing", False):
+            self._writing = False
+            self._rb.detach_writer()
 
     # -- iteration ---------------------------------------------------------------------------
     def _exhausted(self) -> bool:
@@ -182,6 +193,8 @@ class CollectorLifecycle(BackgroundMixin):
         rb = self._rb
         while not self._exhausted():
             raw = await self._collect_one()
+            if raw is None:  # paused before anything was collected
+                return None
             if self._traj is None:  # extend_buffer=False: one write per time step, as TorchRL's add
                 for t in range(raw.shape[-1]):
                     await rb.extend(raw[..., t])
@@ -210,6 +223,8 @@ class CollectorLifecycle(BackgroundMixin):
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass
         finally:
+            if self._exhausted():
+                self._writer_done()
             self._send.close()
 
     def __aiter__(self) -> Any:

@@ -245,6 +245,8 @@ class MultiAsyncCollector(_MultiCollector):
             # wait for room for one batch. Nothing of ours is in flight, so this cannot deadlock.
             w = next(w for w in range(n) if pump.alive[w] and self._idle[w])
             await self._dispatch(w, self._idle[w][0])
+            if self._in_flight() == 0:
+                return None  # paused while waiting for room: nothing was asked of any worker
         await pump.until(lambda: any(pump.pending))
         order = [(self._next_worker + i) % n for i in range(n)]  # round robin: no worker starves
         w = next(i for i in order if pump.pending[i])

@@ -38,7 +38,7 @@ if sys.version_info < (3, 11):  # pragma: no cover
 __all__ = ["SLOTS", "MultiCollectorBase"]
 
 SLOTS = 2  # double buffering: a worker fills one slot while the parent reads the other
-_CONTROL = 64  # bytes after a worker's slots: its preemption word (the batch to cut short)
+_CONTROL = 64  # bytes after a worker's slots: control words (the batch to cut short; stop now)
 
 
 class MultiCollectorBase(CollectorLifecycle):
@@ -148,7 +148,7 @@ class MultiCollectorBase(CollectorLifecycle):
         assert block.fd is not None
         handle.send_fd(block.fd)
         self._slots[w] = [block.views(layout, i * slot_bytes) for i in range(SLOTS)]
-        self._control[w] = block.views([("seq", (1,), torch.int64)], SLOTS * slot_bytes)["seq"]
+        self._control[w] = block.views([("control", (2,), torch.int64)], SLOTS * slot_bytes)["control"]
         block.close_fd()
         self._batch_shapes[w] = tuple(self._slots[w][0][("collector", "worker_id")].shape)
         if self._direct:
@@ -189,6 +189,9 @@ class MultiCollectorBase(CollectorLifecycle):
             await self._dispatch(w, slot)
 
     async def _close_resources(self) -> None:
+        for control in self._control:
+            if control is not None:
+                control[1] = 1  # workers cut the batch in progress short and read "close" next
         timeout = self._cfg.shutdown_timeout
         with anyio.move_on_after(timeout * 3):
             async with anyio.create_task_group() as tg:

@@ -42,9 +42,9 @@ class RateLimiter:
             return True
         return spi * (inserted - self.min_size) - sampled < self.tolerance  # type: ignore[operator]
 
-    def sample_allowed(self, written: int, sampled: int) -> bool:
-        """May a sampler go on, with ``written`` frames committed so far?"""
+    def sample_allowed(self, written: int, sampled: int, *, ratio: bool = True) -> bool:
+        """May a sampler go on, with ``written`` frames committed so far (``ratio=False``: min_size only)?"""
         if written < self.min_size:
             return False
         spi = self.samples_per_insert
-        return spi is None or spi * (written - self.min_size) - sampled > -self.tolerance  # type: ignore[operator]
+        return not ratio or spi is None or spi * (written - self.min_size) - sampled > -self.tolerance  # type: ignore[operator]

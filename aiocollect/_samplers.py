@@ -12,13 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-try:
-    from ._errors import BufferEmptyError
-except ImportError:  # pragma: no cover - added by the buffer work
-
-    class BufferEmptyError(LookupError):  # type: ignore[no-redef]
-        """Raised when ``sample()`` finds nothing that may be sampled."""
-
+from ._errors import BufferEmptyError
 
 __all__ = (
     "PrioritizedSampler",
@@ -306,6 +300,15 @@ class PrioritizedSampler(Sampler):
         self._sum[pos] = values
         # Zero-priority frames cannot be drawn, so they must not set the weights' minimum.
         self._min[pos] = np.where(self._sum[pos] > 0, self._sum[pos], np.inf)
+        if pos.size > 1 and pos[-1] - pos[0] == pos.size - 1 and pos[1] > pos[0]:
+            # A contiguous run (what a buffer write commits): each level is one slice update.
+            lo, hi, total, low = int(pos[0]), int(pos[-1]), self._sum, self._min
+            while lo > 1:
+                lo, hi = lo >> 1, hi >> 1
+                left, right, parents = slice(2 * lo, 2 * hi + 2, 2), slice(2 * lo + 1, 2 * hi + 2, 2), slice(lo, hi + 1)
+                np.add(total[left], total[right], out=total[parents])
+                np.minimum(low[left], low[right], out=low[parents])
+            return
         big = pos.size * self._leaf0.bit_length() > self._leaf0  # then updating all is cheaper
         pos = np.arange(self._leaf0, 2 * self._leaf0) if big else np.unique(pos)
         while pos.size and pos[0] > 1:

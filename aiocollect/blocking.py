@@ -14,6 +14,7 @@ from tensordict import TensorDictBase
 
 from . import _buffer, _collector, _multi
 from ._blocking_base import DataCollectorBase
+from ._errors import WouldBlock as _WouldBlock
 from ._portal import Portal as _Portal
 from ._stats import BufferStats as _BufferStats
 
@@ -109,11 +110,19 @@ class ReplayBuffer:
 
     def extend(self, td: TensorDictBase) -> torch.Tensor:
         """Append a batch, waiting while the rate limiter holds writers back; returns the indices."""
-        return self._portal.call(self._async.extend, td)
+        # The portal (an event-loop thread) is only needed to wait: a call that need not
+        # wait runs here, which saves a thread hand-off per call.
+        try:
+            return self._async.extend_nowait(td)
+        except _WouldBlock:
+            return self._portal.call(self._async.extend, td)
 
     def sample(self, batch_size: int | None = None) -> TensorDictBase:
         """Sample frames, waiting for ``min_size`` and the rate limiter; see the async twin."""
-        return self._portal.call(self._async.sample, batch_size)
+        try:
+            return self._async.sample_nowait(batch_size)
+        except _WouldBlock:
+            return self._portal.call(self._async.sample, batch_size)
 
     def sample_nowait(self, batch_size: int | None = None) -> TensorDictBase:
         """Sample without waiting (raises ``BufferEmptyError``/``WouldBlock`` instead)."""

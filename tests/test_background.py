@@ -180,3 +180,16 @@ def test_seed_documentation_pattern_with_blocking_classes() -> None:
         collector.async_shutdown()
         rb.close()
     assert not collector.is_running()
+
+
+@pytest.mark.anyio
+async def test_samplers_stop_waiting_on_the_ratio_once_the_collector_is_done() -> None:
+    # The learner runs ahead of samples_per_insert (0.25 per frame) as soon as the 256-frame
+    # budget is collected: without the end-of-writes signal the last sample() waits forever.
+    rb = ReplayBuffer(10_000, batch_size=32, min_size=64, samples_per_insert=0.25, tolerance=1)
+    with anyio.fail_after(30):
+        async with Collector(lambda: CountingEnv(2), frames_per_batch=64, total_frames=256, replay_buffer=rb) as c:
+            c.start()
+            for _ in range(10):
+                await rb.sample()
+    assert rb.write_count == 256 and rb.stats().sample_count == 320

@@ -76,6 +76,10 @@ async def test_ndim2_keeps_env_time_rows_whole() -> None:
     assert torch.equal(rows[:3], torch.arange(12.0).reshape(3, 4))
     with pytest.raises(ValueError, match=r"^an ndim=2 buffer stores \[\.\.\., time\] rollouts"):
         await rb.extend(TensorDict(observation=torch.zeros(1), batch_size=[]))
+    with pytest.raises(ValueError, match=r"^this ndim=2 buffer stores rows of 4 steps, got a batch with 3"):
+        await rb.extend(TensorDict(observation=torch.zeros(2, 3, 1), batch_size=[2, 3]))
+    with pytest.raises(ValueError, match=r"^wait_for\(25\) can never return: the buffer holds at most 24 frames"):
+        await rb.wait_for(25)
 
 
 @pytest.mark.anyio
@@ -292,11 +296,14 @@ async def test_close_wakes_waiters_with_buffer_closed_error() -> None:
 def test_blocking_twin_waits_in_the_thread_and_refuses_running_loops() -> None:
     with blocking.ReplayBuffer(100, batch_size=4, seed=0) as rb:
         rb.extend(frames(0, 8))
-        rb.wait_for(8)
         assert rb.sample().shape == (4,) and len(rb) == 8 and rb.write_count == 8
+        assert not rb._portal.running  # nothing had to wait: no event-loop thread was needed
+        rb.wait_for(8)
+        assert rb._portal.running
 
         async def misuse() -> None:
-            rb.sample()
+            rb.sample(batch_size=4)  # fine: nothing to wait for
+            rb.wait_for(50)  # would block the running loop: refused
 
         with pytest.raises(RuntimeError, match=r"^aiocollect\.blocking\.ReplayBuffer cannot be used inside a running "
                            r"event loop; use aiocollect\.ReplayBuffer with 'async with' instead$"):

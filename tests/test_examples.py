@@ -37,6 +37,7 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 #: takes ``--total-frames``; it must print "after <total-frames> frames" when it stops.
 TINY_ARGS: dict[str, list[str]] = {
     "ppo_cartpole.py": ["--total-frames", "1024", "--num-envs", "2", "--frames-per-batch", "256", "--update-epochs", "1"],
+    "dqn_multiasync.py": ["--total-frames", "2048", "--learning-starts", "512", "--eval-frequency", "1024"],
     "ppo_multisync.py": ["--total-frames", "1024", "--num-envs", "2", "--frames-per-batch", "256", "--update-epochs", "1"],
 }
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.process
+import threading
 from multiprocessing.reduction import DupFd, send_handle
 from typing import Any
 
@@ -49,7 +50,10 @@ def _check_not_bootstrapping() -> None:
 
 # What the forkserver imports once, so each worker it forks starts with torch, tensordict
 # and the worker loop already loaded (tens of milliseconds instead of seconds per worker).
-_FORKSERVER_PRELOAD = ["__main__", "aiocollect._workers._worker_main", "aiocollect", "gymnasium"]
+_FORKSERVER_PRELOAD = ["torch", "tensordict", "gymnasium", "aiocollect", "aiocollect._workers._worker_main"]
+
+
+_START_LOCK = threading.Lock()
 
 
 def _preload_forkserver(ctx: Any) -> None:
@@ -88,8 +92,18 @@ class SubprocessWorker(WorkerHandle):
             name=f"aiocollect-worker-{self.worker_id}",
             daemon=True,
         )
+        # Starting a process makes multiprocessing fix the *global* start method (it records
+        # it for the child), after which the user's own set_start_method() fails. A library
+        # must not do that: undo it if it was unset before.
         try:
-            process.start()
+            with _START_LOCK:  # workers start from several threads at once
+                default = getattr(multiprocessing.context, "_default_context", None)
+                unset = getattr(default, "_actual_context", False) is None
+                try:
+                    process.start()
+                finally:
+                    if unset:
+                        default._actual_context = None  # type: ignore[union-attr]
         finally:
             # The child has its own copies now; keeping ours would hide the child's death.
             child.close()

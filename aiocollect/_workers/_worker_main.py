@@ -3,7 +3,8 @@
 Protocol (tuples over the worker's connection; tensors never travel through it):
 
 parent -> worker: ``("slots", n, slot_bytes)`` followed by the block's fd (``n`` slots, then
-one int64 control word: the sequence number of a batch to cut short), ``("storage", handle,
+two int64 control words: the sequence number of a batch to cut short, and a stop flag that
+cuts any batch short at shutdown), ``("storage", handle,
 has_fd)`` (a replay buffer's storage to write into; followed by its fd if ``has_fd``),
 ``("collect", slot, random, seq, pieces)`` (``pieces``: ``None`` to fill ``slot``, or the
 buffer rows to fill), ``("weights", version)``, ``("seed", SeedSequence)``, ``("reset",)``,
@@ -144,7 +145,8 @@ def _setup(conn: Any, cfg: WorkerConfig, weights_fd: Any, weights_bytes: int) ->
         block = SharedBlock(n_slots * slot_bytes + 64, recv_handle(conn))
         block.close_fd()
         rollout.slots = [block.views(layout, i * slot_bytes) for i in range(n_slots)]
-        rollout.control = block.views([("seq", (1,), torch.int64)], n_slots * slot_bytes)["seq"]
+        # A numpy view: polled before every env step, so reading it must cost next to nothing.
+        rollout.control = block.views([("control", (2,), torch.int64)], n_slots * slot_bytes)["control"].numpy()
         rollout.storage = None
         conn.send(("ready", os.getpid()))
         return rollout
@@ -188,7 +190,10 @@ def _serve(conn: Any, cfg: WorkerConfig, rollout: Any) -> None:
 
 def _collect(rollout: Any, cfg: WorkerConfig, slot: int, random: bool, seq: int, pieces: Any) -> None:
     control = rollout.control
-    preempt = (lambda: int(control[0]) == seq) if cfg.preemptible else None
+    if cfg.preemptible:
+        preempt = lambda: control[0] == seq or control[1] != 0  # noqa: E731
+    else:
+        preempt = lambda: control[1] != 0  # noqa: E731
     if pieces is not None and len(pieces) == 1:
         # Straight into the replay buffer's rows: the batch is copied exactly once.
         start, n = pieces[0]

@@ -146,3 +146,35 @@ async def test_cuda_policy_in_workers_and_cuda_storing_device() -> None:
                                   policy_device="cuda", storing_device="cuda") as c:  # fmt: skip
         (batch,) = [b async for b in c]
     assert batch.device.type == "cuda"
+
+
+@pytest.mark.anyio
+async def test_shutdown_cuts_long_batches_short_and_workers_exit_cleanly() -> None:
+    # Batches of a million steps: without the stop word a worker would only read "close"
+    # after finishing them, long past shutdown_timeout, and would be terminated instead.
+    with anyio.fail_after(60):
+        async with MultiAsyncCollector(lambda: CountingEnv(0, 10**9), num_workers=2, frames_per_batch=10**6,
+                                       shutdown_timeout=30) as c:  # fmt: skip
+            await anyio.wait_all_tasks_blocked()
+        with anyio.fail_after(5):
+            await c.aclose()  # already closed by 'async with': returns at once
+    assert [w._exitcode for w in c._workers] == [0, 0]  # exited on their own, not terminated
+
+
+def test_collectors_leave_the_global_start_method_alone(tmp_path: Path) -> None:
+    # In a fresh interpreter: the test process may have had a start method chosen by torchrl.
+    proc = run_script(tmp_path, """
+        import multiprocessing
+        from aiocollect import MultiSyncDataCollector
+        from aiocollect.testing import CountingEnv
+
+        if __name__ == "__main__":
+            with MultiSyncDataCollector(CountingEnv, num_workers=1, frames_per_batch=4, total_frames=4) as c:
+                shapes = [tuple(b.shape) for b in c]
+            print(shapes, multiprocessing.get_start_method(allow_none=True))
+            multiprocessing.set_start_method("forkserver")  # the user can still choose
+            print("chosen", multiprocessing.get_start_method())
+    """)
+    out, err = proc.communicate(timeout=90)
+    assert proc.returncode == 0, err
+    assert out.splitlines() == ["[(1, 1, 4)] None", "chosen forkserver"]

@@ -16,6 +16,7 @@ from aiocollect import (
     ReplayBuffer,
     SharedMemoryStorage,
     WorkerError,
+    WouldBlock,
 )
 from aiocollect.testing import CountingEnv, FailingEnv, ScriptedPolicy
 
@@ -157,3 +158,23 @@ async def test_trajectory_mode_assembles_whole_episodes_from_every_worker() -> N
         assert (run[:, 0] == run[0, 0]).all() and (run[:, 1] == run[0, 1]).all()
         assert run[:, 2].tolist() == list(range(LENGTH))
     assert set(obs[:, 0].tolist()) == {0, 1, 2, 3}  # both workers' envs
+
+
+async def test_pause_while_workers_wait_for_the_rate_limiter_then_resume() -> None:
+    rb = ReplayBuffer(100_000, batch_size=16, min_size=32, samples_per_insert=1.0, tolerance=16)
+    with anyio.fail_after(90):
+        async with MultiAsyncCollector(worker_envs(2), num_workers=2, frames_per_batch=16, replay_buffer=rb) as c:
+            c.start()
+            await rb.wait_for(32)
+            while rb.stats().in_flight or not rb._notifier._waiters:  # every worker is held back
+                await anyio.lowlevel.checkpoint()
+            async with c.pause():
+                while True:  # make room while paused: the waiting collector must hold nothing
+                    try:
+                        rb.sample_nowait()
+                    except WouldBlock:
+                        break
+                await anyio.wait_all_tasks_blocked()
+                written = rb.write_count
+            await rb.wait_for(len(rb) + 1)  # collection resumed after the block
+    assert rb.write_count > written
