@@ -263,18 +263,7 @@ class ReplayBuffer(BufferPersistence):
 
         The rows are removed from sampling until `commit`. Used by `extend` and by collectors.
         """
-        self._raise_if_unusable()
-        if n > self.storage.capacity:
-            raise ValueError(
-                f"a batch of {n} frames does not fit in a buffer of {self.storage.capacity} frames; raise capacity"
-            )
-        while True:
-            waited = await self._wait(lambda: self._insert_allowed(n))
-            with self._lock:
-                self._insert_wait += waited
-                self._raise_if_unusable()
-                if self._insert_allowed(n):  # another writer may have been first
-                    return self._reserve_now(n, batch_shape)
+        return (await self.reserve_many([(n, batch_shape)]))[0]
 
     def try_reserve(self, n: int, batch_shape: tuple[int, ...]) -> Reservation | None:
         """`reserve` without waiting: ``None`` if the rate limiter or capacity says wait."""
@@ -289,16 +278,14 @@ class ReplayBuffer(BufferPersistence):
         total = sum(n for n, _ in requests)
         self._raise_if_unusable()
         if total > self.storage.capacity:
-            raise ValueError(
-                f"{len(requests)} batches of {total} frames in all do not fit in a buffer of "
-                f"{self.storage.capacity} frames; raise capacity"
-            )
+            what = f"a batch of {total} frames" if len(requests) == 1 else f"{len(requests)} batches of {total} frames"
+            raise ValueError(f"{what} does not fit in a buffer of {self.storage.capacity} frames; raise capacity")
         while True:
             waited = await self._wait(lambda: self._insert_allowed(total))
             with self._lock:
                 self._insert_wait += waited
                 self._raise_if_unusable()
-                if self._insert_allowed(total):
+                if self._insert_allowed(total):  # another writer may have been first
                     return [self._reserve_now(n, shape) for n, shape in requests]
 
     def _reserve_now(self, n: int, batch_shape: tuple[int, ...]) -> Reservation:

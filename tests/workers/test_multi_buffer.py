@@ -178,3 +178,20 @@ async def test_pause_while_workers_wait_for_the_rate_limiter_then_resume() -> No
                 written = rb.write_count
             await rb.wait_for(len(rb) + 1)  # collection resumed after the block
     assert rb.write_count > written
+
+
+async def test_workers_write_into_a_memmap_storage(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from aiocollect import MemmapStorage
+
+    rb = ReplayBuffer(1000, storage=MemmapStorage(tmp_path / "frames"))
+    with anyio.fail_after(90):
+        async with MultiSyncCollector(worker_envs(2), num_workers=2, frames_per_batch=32, total_frames=64,
+                                      replay_buffer=rb) as c:  # fmt: skip
+            assert [b async for b in c] == [None, None]
+    assert stored(rb) == expected(4, 16)
+    # The frames are in the files: a fresh mapping of the directory sees them.
+    copy = ReplayBuffer(1000, storage="memmap")
+    rb.dumps(str(tmp_path / "saved"))
+    copy.loads(str(tmp_path / "saved"))
+    assert stored(copy) == stored(rb)
+    await copy.aclose()
