@@ -99,7 +99,9 @@ class BatchedEnv(_EnvBase, ABC):
     def _reset_arrays(self, mask: torch.Tensor | None, seeds: Sequence[int] | None) -> dict[NestedKey, torch.Tensor]:
         return self._unpack_reset(self.reset(mask, seeds))
 
-    def _step_arrays(self, action: dict[NestedKey, torch.Tensor]) -> StepArrays:
+    def _step_arrays(self, action: dict[NestedKey, torch.Tensor], out: Any = None) -> StepArrays:
+        # ``out`` (where the collector will store the next observations) is a hint that
+        # adapters may write into directly; the TensorDict protocol ignores it.
         return self._unpack_step(self.step(TensorDict(action, batch_size=self.spec.batch_size)))
 
 

@@ -85,11 +85,12 @@ class _GymSingle(_GymBase):
         write_obs(self._obs_leaves, obs, self._reset_obs)
         return self._reset_obs
 
-    def _step_arrays(self, action: dict[NestedKey, torch.Tensor]) -> StepArrays:
+    def _step_arrays(self, action: dict[NestedKey, torch.Tensor], out: Any = None) -> StepArrays:
         obs, reward, term, trunc, _ = self.env.step(to_gym_action(self._act_leaves, action, single=True))
-        write_obs(self._obs_leaves, obs, self._obs)
+        out = self._obs if out is None else out
+        write_obs(self._obs_leaves, obs, out)
         return (
-            self._obs,
+            out,
             torch.tensor(float(reward), dtype=torch.float32),
             torch.tensor(bool(term)),
             torch.tensor(bool(trunc)),
@@ -122,18 +123,20 @@ class _GymVector(_GymBase):
         self._auto_reset[:] = False
         return self._reset_obs
 
-    def _step_arrays(self, action: dict[NestedKey, torch.Tensor]) -> StepArrays:
+    def _step_arrays(self, action: dict[NestedKey, torch.Tensor], out: Any = None) -> StepArrays:
         obs, reward, term, trunc, info = self.env.step(to_gym_action(self._act_leaves, action, single=False))
-        write_obs(self._obs_leaves, obs, self._obs)
+        out = self._obs if out is None else out  # the collector's own storage: one copy fewer
+        write_obs(self._obs_leaves, obs, out)
         term_t = torch.from_numpy(np.asarray(term, dtype=np.bool_))
         trunc_t = torch.from_numpy(np.asarray(trunc, dtype=np.bool_))
         if self._same_step and "_final_obs" in info:
             # gymnasium returned reset observations for finished rows and put the terminal
             # ones in info; the transition must hold the terminal observation.
+            # The collector reads reset observations only for those rows, so a plain copy of
+            # every row is enough (and cheaper than a masked one).
             self._auto_reset = np.asarray(info["_final_obs"], dtype=np.bool_).copy()
-            rows = torch.from_numpy(self._auto_reset)
-            for k, v in self._obs.items():
-                self._reset_obs[k][rows] = v[rows]
+            for k, v in out.items():
+                self._reset_obs[k].copy_(v)
             for i in np.flatnonzero(self._auto_reset):
-                write_row(self._obs_leaves, info["final_obs"][i], self._obs, int(i))
-        return self._obs, torch.from_numpy(np.asarray(reward, dtype=np.float32)), term_t, trunc_t
+                write_row(self._obs_leaves, info["final_obs"][i], out, int(i))
+        return out, torch.from_numpy(np.asarray(reward, dtype=np.float32)), term_t, trunc_t

@@ -136,7 +136,9 @@ def to_gym_action(leaves: list[Leaf], action: dict[NestedKey, torch.Tensor], sin
     """Turn the action tensors into the value gymnasium's ``step`` expects."""
 
     def leaf_value(leaf: Leaf) -> Any:
-        a = action[leaf.key].detach().cpu()
+        a = action[leaf.key]
+        if a.requires_grad or a.device.type != "cpu":
+            a = a.detach().cpu()
         if leaf.spec.kind == "one_hot":
             a = a.argmax(-1)
         arr = a.numpy()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,8 @@ from ._policy import PolicyAdapter
 from ._specs import ArraySpec, NestedKey
 
 __all__ = ["Interrupted", "Rollout", "TrajCounter"]
+
+_CACHED_STEPS = 4096
 
 
 class Interrupted(Exception):
@@ -80,6 +83,7 @@ class Rollout:
         self.env_device, self.storing_device, self.worker_id = env_device, storing_device, worker_id
         self.stop = stop
         self.obs: dict[NestedKey, torch.Tensor] = {}
+        self._carrier: dict[NestedKey, torch.Tensor] = {}
         self.traj_ids = torch.zeros(self.B, dtype=torch.int64)
         self.step_count = torch.zeros(self.B, dtype=torch.int64)
         self.needs_reset = True
@@ -108,11 +112,18 @@ class Rollout:
             self.step_count.zero_()
             self.needs_reset, self.seeds = False, None
             return
-        # The carrier may alias a slice of the batch storage, so replace rather than write.
-        self.obs = {k: torch.where(_expand(mask, v), reset_obs[k], v) for k, v in self.obs.items()}
-        self.traj_ids = self.traj_ids.clone()
-        self.traj_ids[mask] = self.counter.take(int(mask.sum()))
-        self.step_count[mask] = 0
+        # self.obs is a view of the batch storage (the step's recorded next observation), so
+        # the mixed observation goes to a separate carrier, reused from step to step: the
+        # previous carrier was copied into the storage by act() since it was last written.
+        carrier = self._carrier
+        for k, v in self.obs.items():
+            c = carrier.get(k)
+            if c is None or c.shape != v.shape or c.dtype != v.dtype:
+                c = carrier[k] = torch.empty_like(v)
+            torch.where(_expand(mask, v), reset_obs[k], v, out=c)
+        self.obs = dict(carrier)
+        self.traj_ids.masked_scatter_(mask, self.counter.take(int(mask.sum())))
+        self.step_count.masked_fill_(mask, 0)
 
     def _allocate(self, first: dict[NestedKey, torch.Tensor] | None) -> None:
         T, B = self.T, self.B
@@ -139,6 +150,26 @@ class Rollout:
         if self.max_steps:
             self.flat["step_count"] = buf["step_count"].squeeze(-1)
             self.flat["next_step_count"] = buf[("next", "step_count")].squeeze(-1)
+        # Every step writes the same slices: make their views once, not ~15 per step (for
+        # batches of up to _CACHED_STEPS steps; longer ones make them as they go).
+        self._cached_views = [self._make_views(t) for t in range(T)] if T <= _CACHED_STEPS else None
+
+    def _make_views(self, t: int) -> _StepViews:
+        buf = self.buf
+        assert buf is not None
+        obs_keys = list(self.spec.observation)
+        return _StepViews(
+            obs=[(k, buf[k][t]) for k in obs_keys],
+            out=[(k, buf[k][t]) for k in (*self.spec.action, *self.extras)],
+            next_obs={k: buf[_nxt(k)][t] for k in obs_keys},
+            flags=tuple(self.flat[k][t] for k in ("reward", "terminated", "truncated", "done")),  # type: ignore[arg-type]
+            traj=buf[("collector", "traj_ids")][t] if self.track_traj_ids else None,
+        )
+
+    def views(self, t: int) -> _StepViews:
+        """The storage slices step ``t`` writes."""
+        cached = self._cached_views
+        return cached[t] if cached is not None else self._make_views(t)
 
     def begin(self, random: bool) -> None:
         self.versions = []
@@ -168,12 +199,15 @@ class Rollout:
             out = {k: s.sample(self.generator, self.B) for k, s in self.spec.action.items()}
         else:
             out = self._policy(self.obs)
-        for k, v in self.obs.items():
-            buf[k][t].copy_(v)
-        for k, v in out.items():
-            buf[k][t].copy_(v)
-        if self.track_traj_ids:
-            buf[("collector", "traj_ids")][t].copy_(self.traj_ids)
+        views = self._step_views = self.views(t)  # record() writes the same step's slices
+        obs = self.obs
+        for k, dst in views.obs:
+            dst.copy_(obs[k])
+        for k, dst in views.out:
+            if k in out:
+                dst.copy_(out[k])
+        if views.traj is not None:
+            views.traj.copy_(self.traj_ids)
         if self.max_steps:
             self.flat["step_count"][t].copy_(self.step_count)
         action = {k: out[k] for k in self.spec.action}
@@ -182,6 +216,8 @@ class Rollout:
         return action
 
     def record(self, t: int, step: StepArrays) -> torch.Tensor | None:
+        if not self.max_steps and not (self.set_truncated and t == self.T - 1):
+            return self._record_fast(t, step)
         obs, reward, term, trunc = step
         buf, flat = self.buf, self.flat
         assert buf is not None
@@ -203,6 +239,22 @@ class Rollout:
             flat["done"][t].copy_(done)
         # The next step's observation is this step's next observation: a view, no copy.
         self.obs = {k: buf[_nxt(k)][t] for k in obs}
+        return done if bool(done.any()) else None
+
+    def _record_fast(self, t: int, step: StepArrays) -> torch.Tensor | None:
+        """`record` for the common case: no step limit and no forced truncation."""
+        obs, reward, term, trunc = step
+        views = self._step_views
+        for k, dst in views.next_obs.items():
+            if obs[k] is not dst:  # adapters that honour ``out`` already wrote it here
+                dst.copy_(obs[k])
+        rew, term_dst, trunc_dst, done = views.flags
+        rew.copy_(reward)
+        term_dst.copy_(term)
+        trunc_dst.copy_(trunc)
+        torch.logical_or(term, trunc, out=done)
+        # The next step's observation is this step's next observation: a view, no copy.
+        self.obs = views.next_obs
         return done if bool(done.any()) else None
 
     def output_layout(self) -> list[tuple[Any, tuple[int, ...], torch.dtype]]:
@@ -272,7 +324,8 @@ class Rollout:
                 steps = t
                 break
             action = self.act(t, random)
-            done = self.record(t, env._step_arrays(action))
+            fast = not self.max_steps and not (self.set_truncated and t == self.T - 1)
+            done = self.record(t, env._step_arrays(action, self._step_views.next_obs if fast else None))
             self.steps_done += 1
             if done is not None:
                 self.apply_reset(env._reset_arrays(done, None), done)
@@ -295,6 +348,17 @@ class Rollout:
             if done is not None:
                 self.apply_reset(await env._reset_arrays(done, None), done)
         return await run_sync(self.finish, out)
+
+
+@dataclass
+class _StepViews:
+    """The slices of the batch storage one time step writes."""
+
+    obs: list[tuple[NestedKey, torch.Tensor]]
+    out: list[tuple[NestedKey, torch.Tensor]]
+    next_obs: dict[NestedKey, torch.Tensor]
+    flags: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # reward, terminated, truncated, done
+    traj: torch.Tensor | None
 
 
 def _expand(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
