@@ -413,7 +413,8 @@ def build_op_rows(
 def randomize_priorities(bufs: Buffers, cap: int) -> None:
     """Give every stored frame a random priority (the same values in every buffer), as a
     learner's update_priority calls would, so sampling descends a non-uniform tree."""
-    prio = torch.rand(cap, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 10
+    # float32: TorchRL's segment trees reject float64 priorities.
+    prio = torch.rand(cap, generator=torch.Generator().manual_seed(1)) * 10
     for rb in bufs.prioritized:
         rb.update_priority(torch.arange(cap), prio)
 
