@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -17,14 +18,34 @@ from tensordict import TensorDict, TensorDictBase
 
 from ._specs import EnvSpec, NestedKey
 
-__all__ = ["AsyncBatchedEnv", "BatchedEnv", "StepArrays"]
+__all__ = ["AsyncBatchedEnv", "BatchedEnv", "StepArrays", "StepOut"]
 
 #: (observation dict, reward ``[*B]`` float32, terminated ``[*B]`` bool, truncated ``[*B]`` bool)
 StepArrays = tuple[dict[NestedKey, torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]
 
 
+@dataclass
+class StepOut:
+    """Where the collector stores one time step: adapters may write their results straight in.
+
+    ``flags`` are the ``[*B]`` reward, terminated, truncated and done slices. The ``*_np``
+    fields are numpy views of the same memory: on the hot path a numpy write costs a fraction
+    of a torch one. An adapter that fills everything returns ``next_obs`` and ``flags[:3]``.
+    """
+
+    obs: list[tuple[NestedKey, torch.Tensor]]
+    out: list[tuple[NestedKey, torch.Tensor]]
+    next_obs: dict[NestedKey, torch.Tensor]
+    flags: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+    traj: torch.Tensor | None
+    next_obs_np: dict[NestedKey, Any]
+    flags_np: tuple[Any, Any, Any, Any]
+
+
 class _EnvBase:
     spec: EnvSpec
+    #: Adapters whose ``_reset_arrays`` accepts a numpy mask set this (the gymnasium ones).
+    _numpy_masks = False
 
     def _unpack_reset(self, td: TensorDictBase) -> dict[NestedKey, torch.Tensor]:
         return {k: td.get(k) for k in self.spec.observation}
@@ -99,9 +120,9 @@ class BatchedEnv(_EnvBase, ABC):
     def _reset_arrays(self, mask: torch.Tensor | None, seeds: Sequence[int] | None) -> dict[NestedKey, torch.Tensor]:
         return self._unpack_reset(self.reset(mask, seeds))
 
-    def _step_arrays(self, action: dict[NestedKey, torch.Tensor], out: Any = None) -> StepArrays:
-        # ``out`` (where the collector will store the next observations) is a hint that
-        # adapters may write into directly; the TensorDict protocol ignores it.
+    def _step_arrays(self, action: dict[NestedKey, torch.Tensor], out: StepOut | None = None) -> StepArrays:
+        # ``out`` (where the collector will store this step) is a hint that adapters may
+        # write into directly; the TensorDict protocol ignores it.
         return self._unpack_step(self.step(TensorDict(action, batch_size=self.spec.batch_size)))
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from ._envs import BatchedEnv, StepArrays
+from ._envs import BatchedEnv, StepArrays, StepOut
 from ._gym_spaces import flatten_space, to_gym_action, write_obs, write_row
 from ._specs import EnvSpec, NestedKey
 
@@ -45,7 +45,17 @@ def wrap_gymnasium(env: gym.Env[Any, Any] | gym.vector.VectorEnv, *, one_hot: bo
     raise TypeError(f"wrap_gymnasium needs a gymnasium.Env or gymnasium.vector.VectorEnv, got {type(env).__name__}")
 
 
+def _plain(leaves: list[Any]) -> bool:
+    """One leaf at the top of the space, stored as gymnasium gives it (no offset, no one-hot)."""
+    if len(leaves) != 1 or leaves[0].path != ():
+        return False
+    leaf = leaves[0]
+    return leaf.spec.kind != "one_hot" and (leaf.start is None or not np.any(leaf.start != 0))
+
+
 class _GymBase(BatchedEnv):
+    _numpy_masks = True  # _reset_arrays takes the collector's numpy done masks
+
     def __init__(self, env: Any, obs_space: Any, act_space: Any, batch: torch.Size, one_hot: bool) -> None:
         self.env = env
         self._obs_leaves = flatten_space(obs_space, "observation", one_hot=one_hot)
@@ -58,6 +68,23 @@ class _GymBase(BatchedEnv):
         # Preallocated outputs: every step writes into these in place.
         self._obs = {k: s.zeros(tuple(batch)) for k, s in self.spec.observation.items()}
         self._reset_obs = {k: s.zeros(tuple(batch)) for k, s in self.spec.observation.items()}
+        self._reset_obs_np = {k: v.numpy() for k, v in self._reset_obs.items()}
+        # Plain spaces (one Box/Discrete/... at the top, CartPole's kind) take a numpy fast
+        # path on every step; anything nested goes through the generic converters.
+        self._plain_obs = _plain(self._obs_leaves)
+        self._plain_act = _plain(self._act_leaves)
+        self._act_dtype = getattr(self._act_leaves[0].space, "dtype", None) if self._plain_act else None
+
+    def _gym_action(self, action: dict[NestedKey, torch.Tensor], single: bool) -> Any:
+        if not self._plain_act:
+            return to_gym_action(self._act_leaves, action, single=single)
+        a = action[self._act_leaves[0].key]
+        if a.requires_grad or a.device.type != "cpu":
+            a = a.detach().cpu()
+        arr = a.numpy()
+        if self._act_dtype is not None and arr.dtype != self._act_dtype:
+            arr = arr.astype(self._act_dtype)
+        return int(arr) if single and self._act_leaves[0].spec.kind == "discrete" else arr
 
     def reset(self, mask: torch.Tensor | None = None, seeds: Sequence[int] | None = None) -> TensorDictBase:
         """Reset the selected envs; see `BatchedEnv.reset`."""
@@ -85,9 +112,9 @@ class _GymSingle(_GymBase):
         write_obs(self._obs_leaves, obs, self._reset_obs)
         return self._reset_obs
 
-    def _step_arrays(self, action: dict[NestedKey, torch.Tensor], out: Any = None) -> StepArrays:
-        obs, reward, term, trunc, _ = self.env.step(to_gym_action(self._act_leaves, action, single=True))
-        out = self._obs if out is None else out
+    def _step_arrays(self, action: dict[NestedKey, torch.Tensor], out: StepOut | None = None) -> StepArrays:
+        obs, reward, term, trunc, _ = self.env.step(self._gym_action(action, single=True))
+        out = self._obs if out is None else out.next_obs
         write_obs(self._obs_leaves, obs, out)
         return (
             out,
@@ -106,8 +133,10 @@ class _GymVector(_GymBase):
         self._same_step = gym.vector.AutoresetMode(mode) == gym.vector.AutoresetMode.SAME_STEP
         self._auto_reset = np.zeros(env.num_envs, dtype=np.bool_)
 
-    def _reset_arrays(self, mask: torch.Tensor | None, seeds: Sequence[int] | None) -> dict[NestedKey, torch.Tensor]:
+    def _reset_arrays(self, mask: Any, seeds: Sequence[int] | None) -> dict[NestedKey, torch.Tensor]:
         seed = None if seeds is None else [int(s) for s in seeds]
+        if mask is not None and not isinstance(mask, np.ndarray):
+            mask = mask.numpy()
         if mask is None or (bool(mask.all()) and not self._same_step):
             obs, _ = self.env.reset(seed=seed)
             write_obs(self._obs_leaves, obs, self._reset_obs)
@@ -116,16 +145,18 @@ class _GymVector(_GymBase):
         # In SAME_STEP mode gymnasium already reset the rows that ended during step() and their
         # reset observations were stashed then; only the other rows (ended by the collector's
         # own step limit) need a real reset.
-        need = mask.numpy().astype(np.bool_) & ~self._auto_reset
+        need = mask.astype(np.bool_, copy=False) & ~self._auto_reset
         if need.any():
             obs, _ = self.env.reset(seed=seed, options={"reset_mask": need})
             write_obs(self._obs_leaves, obs, self._reset_obs, rows=need)
         self._auto_reset[:] = False
         return self._reset_obs
 
-    def _step_arrays(self, action: dict[NestedKey, torch.Tensor], out: Any = None) -> StepArrays:
-        obs, reward, term, trunc, info = self.env.step(to_gym_action(self._act_leaves, action, single=False))
-        out = self._obs if out is None else out  # the collector's own storage: one copy fewer
+    def _step_arrays(self, action: dict[NestedKey, torch.Tensor], out: StepOut | None = None) -> StepArrays:
+        obs, reward, term, trunc, info = self.env.step(self._gym_action(action, single=False))
+        if isinstance(out, StepOut) and self._plain_obs:
+            return self._step_into(out, obs, reward, term, trunc, info)
+        out = self._obs if out is None else out.next_obs  # the collector's storage: one copy fewer
         write_obs(self._obs_leaves, obs, out)
         term_t = torch.from_numpy(np.asarray(term, dtype=np.bool_))
         trunc_t = torch.from_numpy(np.asarray(trunc, dtype=np.bool_))
@@ -140,3 +171,24 @@ class _GymVector(_GymBase):
             for i in np.flatnonzero(self._auto_reset):
                 write_row(self._obs_leaves, info["final_obs"][i], out, int(i))
         return out, torch.from_numpy(np.asarray(reward, dtype=np.float32)), term_t, trunc_t
+
+    def _step_into(self, out: StepOut, obs: Any, reward: Any, term: Any, trunc: Any, info: Any) -> StepArrays:
+        # Everything lands in the collector's storage with numpy writes, which cost far less
+        # than torch ones at this size; the collector sees its own tensors come back.
+        key = self._obs_leaves[0].key
+        dst = out.next_obs_np[key]
+        np.copyto(dst, obs, casting="unsafe")
+        rew, term_dst, trunc_dst, done = out.flags_np
+        np.copyto(rew, reward, casting="unsafe")
+        np.copyto(term_dst, term, casting="unsafe")
+        np.copyto(trunc_dst, trunc, casting="unsafe")
+        np.logical_or(term_dst, trunc_dst, out=done)
+        if self._same_step and "_final_obs" in info:
+            # gymnasium returned reset observations for finished rows and put the terminal
+            # ones in info: keep the former for the collector, record the latter.
+            self._auto_reset = np.asarray(info["_final_obs"], dtype=np.bool_).copy()
+            np.copyto(self._reset_obs_np[key], dst)
+            final = info["final_obs"]
+            for i in np.flatnonzero(self._auto_reset):
+                dst[i] = final[i]
+        return out.next_obs, out.flags[0], out.flags[1], out.flags[2]

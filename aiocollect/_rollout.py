@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from ._envs import AsyncBatchedEnv, BatchedEnv, StepArrays
+from ._envs import AsyncBatchedEnv, BatchedEnv, StepArrays, StepOut
 from ._policy import PolicyAdapter
 from ._specs import ArraySpec, NestedKey
 
@@ -44,9 +44,12 @@ class TrajCounter:
         self._lock = threading.Lock()
 
     def take(self, n: int) -> torch.Tensor:
+        return torch.from_numpy(self.take_np(n))
+
+    def take_np(self, n: int) -> np.ndarray:
         with self._lock:
             start, self.next = self.next, self.next + n * self.stride
-        return torch.arange(start, start + n * self.stride, self.stride, dtype=torch.int64)
+        return np.arange(start, start + n * self.stride, self.stride, dtype=np.int64)
 
 
 def _nxt(key: NestedKey) -> tuple[str, ...]:
@@ -84,8 +87,12 @@ class Rollout:
         self.stop = stop
         self.obs: dict[NestedKey, torch.Tensor] = {}
         self._carrier: dict[NestedKey, torch.Tensor] = {}
+        self._carrier_np: dict[NestedKey, np.ndarray] = {}
+        self._np_cache: dict[int, tuple[torch.Tensor, np.ndarray]] = {}
         self.traj_ids = torch.zeros(self.B, dtype=torch.int64)
+        self._traj_np = self.traj_ids.numpy()
         self.step_count = torch.zeros(self.B, dtype=torch.int64)
+        self._steps_np = self.step_count.numpy()
         self.needs_reset = True
         self.seeds: list[int] | None = None
         self.buf: dict[NestedKey, torch.Tensor] | None = None
@@ -105,10 +112,37 @@ class Rollout:
     def pending_reset(self) -> bool:
         return self.needs_reset or self.reset_at_each_iter
 
-    def apply_reset(self, reset_obs: dict[NestedKey, torch.Tensor], mask: torch.Tensor | None) -> None:
+    def _apply_reset_np(self, reset_obs: dict[NestedKey, torch.Tensor], mask: np.ndarray) -> None:
+        # The numpy twin of the masked branch of `apply_reset` (same results, fewer dispatches).
+        views, carrier, carrier_np = self._step_views, self._carrier, self._carrier_np
+        for k, v in self.obs.items():
+            c = carrier.get(k)
+            if c is None or c.shape != v.shape or c.dtype != v.dtype:
+                c = carrier[k] = torch.empty_like(v)
+                carrier_np[k] = c.numpy()
+            dst, src = carrier_np[k], views.next_obs_np[k] if v is views.next_obs.get(k) else v.numpy()
+            np.copyto(dst, src)
+            np.copyto(dst, self._np(reset_obs[k]), where=mask.reshape(mask.shape + (1,) * (dst.ndim - mask.ndim)))
+        self.obs = dict(carrier)
+        ids = self._traj_np
+        ids[mask] = self.counter.take_np(int(np.count_nonzero(mask)))
+        self._steps_np[mask] = 0
+
+    def _np(self, t: torch.Tensor) -> np.ndarray:
+        """A numpy view of ``t``, cached (an adapter's reset buffers are reused every step)."""
+        hit = self._np_cache.get(id(t))
+        if hit is None or hit[0] is not t:
+            hit = self._np_cache[id(t)] = (t, t.numpy())
+        return hit[1]
+
+    def apply_reset(self, reset_obs: dict[NestedKey, torch.Tensor], mask: Any) -> None:
+        if isinstance(mask, np.ndarray):
+            self._apply_reset_np(reset_obs, mask)
+            return
         if mask is None:
             self.obs = {k: v.clone() for k, v in reset_obs.items()}
             self.traj_ids = self.counter.take(max(1, int(np.prod(self.B)))).reshape(self.B)
+            self._traj_np = self.traj_ids.numpy()
             self.step_count.zero_()
             self.needs_reset, self.seeds = False, None
             return
@@ -154,19 +188,23 @@ class Rollout:
         # batches of up to _CACHED_STEPS steps; longer ones make them as they go).
         self._cached_views = [self._make_views(t) for t in range(T)] if T <= _CACHED_STEPS else None
 
-    def _make_views(self, t: int) -> _StepViews:
+    def _make_views(self, t: int) -> StepOut:
         buf = self.buf
         assert buf is not None
         obs_keys = list(self.spec.observation)
-        return _StepViews(
+        next_obs = {k: buf[_nxt(k)][t] for k in obs_keys}
+        flags = tuple(self.flat[k][t] for k in ("reward", "terminated", "truncated", "done"))
+        return StepOut(
             obs=[(k, buf[k][t]) for k in obs_keys],
             out=[(k, buf[k][t]) for k in (*self.spec.action, *self.extras)],
-            next_obs={k: buf[_nxt(k)][t] for k in obs_keys},
-            flags=tuple(self.flat[k][t] for k in ("reward", "terminated", "truncated", "done")),  # type: ignore[arg-type]
+            next_obs=next_obs,
+            flags=flags,  # type: ignore[arg-type]
             traj=buf[("collector", "traj_ids")][t] if self.track_traj_ids else None,
+            next_obs_np={k: v.numpy() for k, v in next_obs.items()},
+            flags_np=tuple(f.numpy() for f in flags),  # type: ignore[arg-type]
         )
 
-    def views(self, t: int) -> _StepViews:
+    def views(self, t: int) -> StepOut:
         """The storage slices step ``t`` writes."""
         cached = self._cached_views
         return cached[t] if cached is not None else self._make_views(t)
@@ -241,21 +279,28 @@ class Rollout:
         self.obs = {k: buf[_nxt(k)][t] for k in obs}
         return done if bool(done.any()) else None
 
-    def _record_fast(self, t: int, step: StepArrays) -> torch.Tensor | None:
-        """`record` for the common case: no step limit and no forced truncation."""
+    def _record_fast(self, t: int, step: StepArrays) -> Any:
+        """`record` for the common case: no step limit and no forced truncation.
+
+        Returns the done mask (a numpy view when the env takes numpy masks) or ``None``.
+        """
         obs, reward, term, trunc = step
         views = self._step_views
         for k, dst in views.next_obs.items():
             if obs[k] is not dst:  # adapters that honour ``out`` already wrote it here
                 dst.copy_(obs[k])
         rew, term_dst, trunc_dst, done = views.flags
-        rew.copy_(reward)
-        term_dst.copy_(term)
-        trunc_dst.copy_(trunc)
-        torch.logical_or(term, trunc, out=done)
+        if reward is not rew:
+            rew.copy_(reward)
+            term_dst.copy_(term)
+            trunc_dst.copy_(trunc)
+            torch.logical_or(term, trunc, out=done)
         # The next step's observation is this step's next observation: a view, no copy.
         self.obs = views.next_obs
-        return done if bool(done.any()) else None
+        done_np = views.flags_np[3]
+        if not done_np.any():
+            return None
+        return done_np if self.env._numpy_masks else done
 
     def output_layout(self) -> list[tuple[Any, tuple[int, ...], torch.dtype]]:
         """Keys, shapes and dtypes of the batches `finish` produces (buffers must exist)."""
@@ -325,7 +370,7 @@ class Rollout:
                 break
             action = self.act(t, random)
             fast = not self.max_steps and not (self.set_truncated and t == self.T - 1)
-            done = self.record(t, env._step_arrays(action, self._step_views.next_obs if fast else None))
+            done = self.record(t, env._step_arrays(action, self._step_views if fast else None))
             self.steps_done += 1
             if done is not None:
                 self.apply_reset(env._reset_arrays(done, None), done)
@@ -348,17 +393,6 @@ class Rollout:
             if done is not None:
                 self.apply_reset(await env._reset_arrays(done, None), done)
         return await run_sync(self.finish, out)
-
-
-@dataclass
-class _StepViews:
-    """The slices of the batch storage one time step writes."""
-
-    obs: list[tuple[NestedKey, torch.Tensor]]
-    out: list[tuple[NestedKey, torch.Tensor]]
-    next_obs: dict[NestedKey, torch.Tensor]
-    flags: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # reward, terminated, truncated, done
-    traj: torch.Tensor | None
 
 
 def _expand(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
