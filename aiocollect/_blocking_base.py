@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from functools import partial
 from contextlib import AbstractContextManager
+from functools import partial
 from types import TracebackType
 from typing import Any, ClassVar
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -22,6 +21,7 @@ from ._buffer_io import BufferPersistence
 from ._errors import BufferClosedError, BufferEmptyError, WouldBlock
 from ._notify import Notifier
 from ._ratelimit import RateLimiter
+from ._reservations import Reservation, ReservationsMixin
 from ._samplers import SampleContext, make_sampler
 from ._stats import BufferStats
 from ._storage import Storage, frame_layout, make_storage
@@ -45,20 +45,7 @@ def _leaves(td: TensorDictBase) -> Any:
     return td.items(include_nested=True, leaves_only=True)
 
 
-@dataclass
-class Reservation:
-    """Rows handed to a writer: ``pieces`` of the ring, ``n`` frames, shaped like ``batch_shape``."""
-
-    pieces: list[tuple[int, int]]
-    index: torch.Tensor
-    batch_shape: tuple[int, ...]
-
-    @property
-    def n(self) -> int:
-        return int(self.index.numel())
-
-
-class ReplayBuffer(BufferPersistence):
+class ReplayBuffer(ReservationsMixin, BufferPersistence):
     """A replay buffer whose writers and readers ``await`` each other instead of polling.
 
     Frames live in a preallocated ring (`MemoryStorage` by default, `SharedMemoryStorage`
@@ -258,94 +245,6 @@ class ReplayBuffer(BufferPersistence):
             self._valid = torch.zeros(self.storage.capacity, dtype=torch.bool)
             self.sampler.reset(self.storage.capacity)
 
-    async def reserve(self, n: int, batch_shape: tuple[int, ...]) -> Reservation:
-        """Wait until ``n`` frames may be written, then hand out the rows to write them to.
-
-        The rows are removed from sampling until `commit`. Used by `extend` and by collectors.
-        """
-        return (await self.reserve_many([(n, batch_shape)]))[0]
-
-    def try_reserve(self, n: int, batch_shape: tuple[int, ...]) -> Reservation | None:
-        """`reserve` without waiting: ``None`` if the rate limiter or capacity says wait."""
-        with self._lock:
-            self._raise_if_unusable()
-            if n > self.storage.capacity or not self._insert_allowed(n):
-                return None
-            return self._reserve_now(n, batch_shape)
-
-    async def reserve_many(self, requests: list[tuple[int, tuple[int, ...]]]) -> list[Reservation]:
-        """Reserve rows for several batches at once (one wait, so none is held while waiting)."""
-        total = sum(n for n, _ in requests)
-        self._raise_if_unusable()
-        if total > self.storage.capacity:
-            what = f"a batch of {total} frames" if len(requests) == 1 else f"{len(requests)} batches of {total} frames"
-            raise ValueError(f"{what} does not fit in a buffer of {self.storage.capacity} frames; raise capacity")
-        while True:
-            waited = await self._wait(lambda: self._insert_allowed(total))
-            with self._lock:
-                self._insert_wait += waited
-                self._raise_if_unusable()
-                if self._insert_allowed(total):  # another writer may have been first
-                    return [self._reserve_now(n, shape) for n, shape in requests]
-
-    def _reserve_now(self, n: int, batch_shape: tuple[int, ...]) -> Reservation:
-        cap, start = self.storage.capacity, self._cursor
-        first = min(n, cap - start)
-        pieces = [(start, first)] + ([(0, n - first)] if n > first else [])
-        index = torch.cat([torch.arange(s, s + k) for s, k in pieces]) if len(pieces) > 1 else torch.arange(start, start + n)
-        self._cursor = (start + n) % cap
-        self._size = cap if self._size == cap or start + n >= cap else max(self._size, start + n)
-        self._invalidate(index)
-        self._in_flight += n
-        return Reservation(pieces, index, tuple(batch_shape))
-
-    def _invalidate(self, index: torch.Tensor) -> None:
-        dropped = int(self._valid[index].sum())
-        if dropped:
-            self._valid[index] = False
-            self._num_valid -= dropped
-        self.sampler.invalidate(index)
-
-    def _drop_stale(self, index: torch.Tensor) -> None:
-        versions = self.storage.tensors.get(_POLICY_VERSION)
-        if versions is None or self.max_policy_lag is None:
-            return
-        stale = index[versions[index] < self._policy_version - self.max_policy_lag]
-        if stale.numel():
-            stale = stale[self._valid[stale]]
-            self._stale_dropped += int(stale.numel())
-            self._invalidate(stale)
-
-    def commit(self, reservation: Reservation, *, drop_unfilled: bool = False) -> int:
-        """Make the reserved rows (now written) available to sampling, and wake waiters.
-
-        With ``drop_unfilled``, frames whose ``("collector", "policy_version")`` is ``-1``
-        (steps a preempted batch never collected) stay out of the buffer.
-
-        Returns:
-            The number of frames committed.
-        """
-        with self._lock:
-            index = reservation.index
-            self._in_flight -= reservation.n
-            versions = self.storage.tensors.get(_POLICY_VERSION)
-            if drop_unfilled and versions is not None:
-                index = index[versions[index] >= 0]
-            self._valid[index] = True
-            self._num_valid += index.numel()
-            self._written += index.numel()
-            self.sampler.extend(index)
-            if self.max_policy_lag is not None:
-                self._drop_stale(index)
-        self._notifier.notify_all()
-        return int(index.numel())
-
-    def abort(self, reservation: Reservation) -> None:
-        """Give up a reservation whose writer failed: its rows stay empty until overwritten."""
-        with self._lock:
-            self._in_flight -= reservation.n
-        self._notifier.notify_all()
-
     def extend_nowait(self, td: TensorDictBase) -> torch.Tensor:
         """`extend` without waiting (safe from any thread); the copy runs in the calling thread.
 
@@ -479,7 +378,7 @@ class ReplayBuffer(BufferPersistence):
                     return td
             except BufferEmptyError:
                 # The sampler needs more than is stored (e.g. a whole slice): wait for a write.
-                waited = await self._wait(lambda: self._written > written or self._error is not None or self._closed)
+                waited = await self._wait(lambda w=written: self._written > w or self._error is not None or self._closed)
                 self._sample_wait += waited
 
     def sample_nowait(self, batch_size: int | None = None) -> TensorDictBase:

@@ -27,10 +27,10 @@ from ._pump import Pump
 from ._seeding import check_seed
 from ._shm import SharedBlock, layout_nbytes
 from ._storage import SharedMemoryStorage
+from ._weights import WeightBlock
 from ._workers import get_worker_backend
 from ._workers._base import WorkerHandle
 from ._workers._worker_main import WorkerConfig
-from ._weights import WeightBlock
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup

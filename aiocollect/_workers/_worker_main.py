@@ -102,8 +102,9 @@ def worker_main(conn: Any, alive: Any, config_bytes: bytes, weights_fd: Any, wei
 
 
 def _setup(conn: Any, cfg: WorkerConfig, weights_fd: Any, weights_bytes: int) -> Any:
-    import torch
     from multiprocessing.reduction import recv_handle
+
+    import torch
 
     from .._config import make_env
     from .._policy import PolicyAdapter
