@@ -91,9 +91,12 @@ class DataCollectorBase:
         """Stop collecting, close the envs and stop the portal thread. Idempotent."""
         if not self._portal.running:
             return
-        self._portal.call(self._async.aclose)
-        if self._context is None:  # inside 'with', __exit__ stops the portal
-            self._portal.stop()
+        try:
+            # Teardown is bounded by shutdown_timeout, so a Ctrl-C meanwhile waits for it.
+            self._portal.call(self._async.aclose, interruptible=False)
+        finally:
+            if self._context is None:  # inside 'with', __exit__ stops the portal
+                self._portal.stop()
 
     def start(self) -> None:
         """Collect into the replay buffer in a background task until the budget is spent.
@@ -124,7 +127,7 @@ class DataCollectorBase:
         """
         try:
             if self._portal.running:
-                self._portal.call(self._async.async_shutdown)
+                self._portal.call(self._async.async_shutdown, interruptible=False)
         finally:
             if self._opened_by_start:
                 self._opened_by_start = False

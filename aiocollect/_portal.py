@@ -1,11 +1,28 @@
-"""The one blocking portal behind every blocking twin, and the in-loop misuse check."""
+"""The one blocking portal behind every blocking twin, and the in-loop misuse check.
+
+Two things make a blocking twin safe to Ctrl-C, which anyio's portal alone does not:
+
+* While the main thread waits on the portal, SIGINT only sets a flag and wakes the wait
+  through a pipe. ``KeyboardInterrupt`` is raised afterwards, at one known point, never
+  inside ``threading``/``concurrent.futures`` internals (where it can leave a lock held and
+  the next wait hung forever) and never lost.
+* Stopping the portal joins the worker threads its loop started, so the interpreter never
+  exits while one of them is still freeing tensors: a daemon thread inside a C++ destructor
+  at interpreter exit aborts the process ("terminate called without an active exception").
+"""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import select
+import signal
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
+from types import TracebackType
 from typing import Any, TypeVar
 
 import anyio
@@ -16,6 +33,10 @@ __all__ = ["Portal"]
 
 T = TypeVar("T")
 
+# How long stopping the portal waits for its loop's worker threads to return. A worker that
+# is still busy after this is stuck in user code the collector already gave up on.
+_WORKER_JOIN_TIMEOUT = 5.0
+
 
 def _in_event_loop() -> bool:
     try:
@@ -23,6 +44,90 @@ def _in_event_loop() -> bool:
     except sniffio.AsyncLibraryNotFoundError:
         return False
     return True
+
+
+class _Wakeup:
+    """A pipe that wakes a waiting main thread from a signal handler or another thread."""
+
+    def __init__(self) -> None:
+        self.r, self.w = os.pipe()
+        os.set_blocking(self.r, False)
+        os.set_blocking(self.w, False)
+
+    def poke(self, *_: object) -> None:
+        try:
+            os.write(self.w, b"\0")
+        except (BlockingIOError, OSError):  # full (a wake-up is pending anyway) or closed
+            pass
+
+    def drain(self) -> bytes:
+        data = b""
+        try:
+            while chunk := os.read(self.r, 512):
+                data += chunk
+        except (BlockingIOError, OSError):
+            pass
+        return data
+
+    def close(self) -> None:
+        os.close(self.r)
+        os.close(self.w)
+
+
+class _SigintGuard:
+    """Turns SIGINT into a flag for the duration of one portal call (main thread only).
+
+    Only takes over when Python's default handler is installed: a handler the user set
+    stays in charge.
+    """
+
+    def __init__(self, wakeup: _Wakeup | None) -> None:
+        self._wakeup = wakeup
+        self.interrupted = False
+        self._previous: Any = None
+        self._previous_fd: int | None = None
+        self.active = (
+            wakeup is not None
+            and threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        )
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        # Runs between two bytecodes of the main thread, possibly inside a lock's critical
+        # section, so it must not raise or take a lock: set a flag, write a byte.
+        self.interrupted = True
+        assert self._wakeup is not None
+        self._wakeup.poke()
+
+    def __enter__(self) -> _SigintGuard:
+        if self.active:
+            assert self._wakeup is not None
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+            # The kernel may deliver SIGINT to any thread; then only the wake-up fd (written
+            # by the C-level handler, whichever thread runs it) wakes the main thread.
+            self._previous_fd = signal.set_wakeup_fd(self._wakeup.w, warn_on_full_buffer=False)
+            if self._previous_fd != -1:  # someone else's; give it back, rely on the poke
+                signal.set_wakeup_fd(self._previous_fd)
+                self._previous_fd = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.active:
+            if self._previous_fd is not None:
+                signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGINT, self._previous)
+
+    def wait(self, future: Future[Any], *, interruptible: bool = True) -> None:
+        """Wait for ``future``; return early on SIGINT when ``interruptible``."""
+        if not self.active:
+            future.exception()  # waits; a non-main thread never receives KeyboardInterrupt
+            return
+        assert self._wakeup is not None
+        future.add_done_callback(self._wakeup.poke)
+        while not future.done() and not (interruptible and self.interrupted):
+            select.select([self._wakeup.r], [], [])
+            if bytes([signal.SIGINT]) in self._wakeup.drain():
+                self.interrupted = True  # the Python-level handler may not have run yet
 
 
 class Portal:
@@ -36,48 +141,133 @@ class Portal:
         self._names = (blocking_name, async_name)
         self._thread: threading.Thread | None = None
         self._portal: BlockingPortal | None = None
+        self._wakeup: _Wakeup | None = None
         self._lock = threading.Lock()
 
     def _check(self) -> None:
         if _in_event_loop():
             blocking, async_ = self._names
             raise RuntimeError(
-                f"{blocking} cannot be used inside a running event loop; use {async_} with 'async with' instead"
+                f"{blocking} cannot be used inside a running event loop; "
+                f"use {async_} with 'async with' instead"
             )
 
     def _get(self) -> BlockingPortal:
         self._check()
         with self._lock:
             if self._portal is None:
+                self._wakeup = _Wakeup()
                 self._portal, self._thread = _start_portal_thread(f"{self._names[0]} portal")
             return self._portal
 
-    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run ``fn(*args)`` (awaited if it is a coroutine function) in the portal's loop."""
-        future = self._get().start_task_soon(fn, *args)
-        try:
-            return future.result()
-        except BaseException:
-            # Ctrl-C (or any interruption) while waiting cancels the task in the portal too.
-            future.cancel()
-            raise
+    def call(self, fn: Callable[..., Any], *args: Any, interruptible: bool = True) -> Any:
+        """Run ``fn(*args)`` (awaited if it is a coroutine function) in the portal's loop.
+
+        Ctrl-C while waiting cancels the task in the portal and raises ``KeyboardInterrupt``
+        here. With ``interruptible=False`` (teardown, which is bounded) the call runs to
+        completion first and the interrupt is raised after it.
+        """
+        portal = self._get()
+        with _SigintGuard(self._wakeup) as guard:
+            future = portal.start_task_soon(fn, *args)
+            try:
+                guard.wait(future, interruptible=interruptible)
+            except BaseException:
+                future.cancel()
+                raise
+            if guard.interrupted:
+                future.cancel()
+                raise KeyboardInterrupt
+        return future.result()
 
     def wrap_async_context_manager(self, cm: Any) -> AbstractContextManager[Any]:
-        """Wrap an async context manager so it is entered and exited in the portal's loop."""
-        return self._get().wrap_async_context_manager(cm)
+        """Wrap an async context manager, entered and exited in one task of the portal's loop."""
+        return _BlockingContext(self, cm)
 
     @property
     def running(self) -> bool:
         return self._portal is not None
 
     def stop(self) -> None:
-        """Stop the portal's loop and join its thread. Idempotent."""
+        """Stop the portal's loop, join its thread and its worker threads. Idempotent.
+
+        A Ctrl-C meanwhile is raised once everything has stopped.
+        """
+        if self._portal is None:
+            return
+        self._check()
         with self._lock:
-            portal, thread, self._portal, self._thread = self._portal, self._thread, None, None
-        if portal is not None and thread is not None:
-            self._check()
-            portal.call(portal.stop)
-            thread.join()
+            portal, thread, wakeup = self._portal, self._thread, self._wakeup
+            self._portal = self._thread = self._wakeup = None
+        if portal is None or thread is None or wakeup is None:
+            return
+        try:
+            with _SigintGuard(wakeup) as guard:
+                guard.wait(portal.start_task_soon(portal.stop), interruptible=False)
+                thread.join()
+        finally:
+            wakeup.close()
+        if guard.interrupted:
+            raise KeyboardInterrupt
+
+
+class _BlockingContext(AbstractContextManager[Any]):
+    """anyio's blocking async-context-manager wrapper, with the portal's Ctrl-C-safe waits."""
+
+    def __init__(self, portal: Portal, cm: Any) -> None:
+        self._portal = portal
+        self._cm = cm
+        self._exc_info: tuple[Any, Any, Any] = (None, None, None)
+        self._exit_event: anyio.Event | None = None
+        self._entered: Future[Any] = Future()
+        self._done: Future[Any] | None = None
+
+    async def _hold(self) -> Any:
+        # __aenter__ and __aexit__ must run in one task: the collector's task group and
+        # cancel scopes belong to it.
+        self._exit_event = anyio.Event()
+        try:
+            value = await self._cm.__aenter__()
+        except BaseException as exc:
+            self._entered.set_exception(exc)
+            raise
+        self._entered.set_result(value)
+        try:
+            await self._exit_event.wait()
+        finally:
+            result = await self._cm.__aexit__(*self._exc_info)
+        return result
+
+    def __enter__(self) -> Any:
+        portal = self._portal._get()
+        with _SigintGuard(self._portal._wakeup) as guard:
+            self._done = portal.start_task_soon(self._hold)
+            try:
+                guard.wait(self._entered)
+            except BaseException:
+                self._done.cancel()
+                raise
+            if guard.interrupted:
+                self._done.cancel()  # cancels __aenter__, or runs __aexit__ if it finished
+                guard.wait(self._done, interruptible=False)
+                raise KeyboardInterrupt
+        return self._entered.result()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        assert self._done is not None and self._exit_event is not None
+        self._exc_info = (exc_type, exc, tb)
+        self._portal.call(self._exit_event.set, interruptible=False)
+        with _SigintGuard(self._portal._wakeup) as guard:
+            guard.wait(self._done, interruptible=False)  # teardown is bounded: let it finish
+        already = exc_type is not None and issubclass(exc_type, KeyboardInterrupt)
+        if guard.interrupted and not already:
+            raise KeyboardInterrupt
+        return self._done.result()
 
 
 def _start_portal_thread(name: str) -> tuple[BlockingPortal, threading.Thread]:
@@ -85,18 +275,29 @@ def _start_portal_thread(name: str) -> tuple[BlockingPortal, threading.Thread]:
     # interpreter joins at exit), this thread is a daemon: a script that forgets shutdown()
     # still exits instead of hanging. Worker processes are daemonic too and die with it.
     ready: Future[BlockingPortal] = Future()
+    workers: list[threading.Thread] = []
 
     async def main() -> None:
         async with BlockingPortal() as portal:
             ready.set_result(portal)
             await portal.sleep_until_stopped()
+        # anyio tells this loop's worker threads to exit when the loop ends, but does not
+        # wait for them; they are the threads that carry this loop in their ``loop`` attribute.
+        loop = asyncio.get_running_loop()
+        workers.extend(t for t in threading.enumerate() if getattr(t, "loop", None) is loop)
 
     def run() -> None:
+        if hasattr(signal, "pthread_sigmask"):
+            # Keep SIGINT for the main thread; this loop's worker threads inherit the mask.
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             anyio.run(main)
         except BaseException as exc:  # noqa: BLE001 - surfaced to the thread that waits
             if not ready.done():
                 ready.set_exception(exc)
+        deadline = time.monotonic() + _WORKER_JOIN_TIMEOUT
+        for worker in workers:
+            worker.join(max(0.0, deadline - time.monotonic()))
 
     thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()

@@ -8,11 +8,12 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
 
-from aiocollect import Collector
+from aiocollect import Collector, SyncDataCollector
 from aiocollect.testing import CountingEnv
 
 SCRIPT = textwrap.dedent(
@@ -68,3 +69,44 @@ async def test_unclosed_collector_warns_and_closes_env_on_gc() -> None:
         del c
         gc.collect()
     assert env.closed
+
+
+class _CtrlCEnv(CountingEnv):
+    """Sends the process a SIGINT (as Ctrl-C does) at one step, and optionally when closed.
+
+    The env steps in a worker thread, so the signal lands in the main thread wherever it
+    happens to be: inside the portal's wait, in the loop body, or in between.
+    """
+
+    def __init__(self, at_step: int, *, again_on_close: bool = False) -> None:
+        super().__init__(2, episode_length=3)
+        self.at_step = at_step
+        self.again_on_close = again_on_close
+        self.steps = 0
+
+    def step(self, action):  # type: ignore[no-untyped-def]
+        if self.steps == self.at_step:
+            os.kill(os.getpid(), signal.SIGINT)
+        self.steps += 1
+        return super().step(action)
+
+    def close(self) -> None:
+        if self.again_on_close:
+            os.kill(os.getpid(), signal.SIGINT)
+        super().close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT is delivered differently on Windows")
+def test_ctrl_c_at_any_point_raises_once_and_leaves_nothing_running() -> None:
+    # frames_per_batch=4 over 2 envs: the signal lands before, inside and between batches.
+    for at_step in range(24):
+        env = _CtrlCEnv(at_step, again_on_close=at_step % 3 == 0)
+        before = set(threading.enumerate())
+        with pytest.raises(KeyboardInterrupt):
+            with SyncDataCollector(lambda env=env: env, frames_per_batch=4) as c:
+                for _ in c:
+                    pass
+        assert env.closed, at_step  # a second Ctrl-C during teardown does not cut it short
+        assert set(threading.enumerate()) - before == set(), at_step
+
