@@ -12,8 +12,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import anyio
-import anyio.to_thread
 import torch
 from tensordict import TensorDictBase
 
@@ -25,6 +23,7 @@ from ._reservations import Reservation, ReservationsMixin
 from ._samplers import SampleContext, make_sampler
 from ._stats import BufferStats
 from ._storage import Storage, frame_layout, make_storage
+from ._threads import to_thread
 
 __all__ = ["ReplayBuffer", "Reservation"]
 
@@ -291,7 +290,7 @@ class ReplayBuffer(ReservationsMixin, BufferPersistence):
         try:
             flat = {k: v.reshape(n, *v.shape[dims:]) for k, v in _leaves(td)}
             if n * self._frame_nbytes > _INLINE_BYTES:
-                await anyio.to_thread.run_sync(self.storage.write, res.pieces, flat)
+                await to_thread(self.storage.write, res.pieces, flat)
             else:
                 self.storage.write(res.pieces, flat)
         except BaseException:
@@ -371,7 +370,7 @@ class ReplayBuffer(ReservationsMixin, BufferPersistence):
                 written = self._written
             try:
                 if bs * self._frame_nbytes > _INLINE_BYTES:
-                    td = await anyio.to_thread.run_sync(self._sample_now, bs)
+                    td = await to_thread(self._sample_now, bs)
                 else:
                     td = self._sample_now(bs)
                 if td is not None:

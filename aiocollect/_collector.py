@@ -8,7 +8,6 @@ import warnings
 from typing import Any
 
 import anyio
-import anyio.to_thread
 import numpy as np
 import torch
 from tensordict import TensorDictBase
@@ -20,7 +19,7 @@ from ._lifecycle import CollectorLifecycle
 from ._policy import PolicyAdapter
 from ._rollout import Rollout, TrajCounter
 from ._seeding import SeedPlan, check_seed
-from ._threads import ThreadLane
+from ._threads import ThreadLane, to_thread
 
 __all__ = ["Collector"]
 
@@ -182,7 +181,7 @@ class Collector(CollectorLifecycle):
         timeout = self._cfg.shutdown_timeout
         with anyio.move_on_after(timeout * 2):
             if await self._lane.wait_idle(timeout):
-                await anyio.to_thread.run_sync(env.close)
+                await to_thread(env.close)
                 return
         warnings.warn(
             f"an env step did not return within shutdown_timeout={timeout}s; the env was left open",
@@ -280,7 +279,7 @@ class Collector(CollectorLifecycle):
         if policy_or_weights is not None and weights is not None:
             raise ValueError("pass weights either positionally or as weights=, not both")
         w = weights if weights is not None else policy_or_weights
-        await anyio.to_thread.run_sync(self._policy.update_weights, w)
+        await to_thread(self._policy.update_weights, w)
         if self._rb is not None:
             self._rb.policy_version = self._policy.version
 

@@ -11,14 +11,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import anyio
-import anyio.to_thread
 import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase
 from tensordict.nn import InteractionType
 
 from ._multi_base import MultiCollectorBase
 from ._multi_config import resolve_multi_config
+from ._threads import to_thread
 
 __all__ = ["AsyncCollector", "MultiAsyncCollector", "MultiSyncCollector"]
 
@@ -177,7 +176,7 @@ class MultiSyncCollector(_MultiCollector):
                 frames += self._rb.commit(res, drop_unfilled=p is not None)
             self._count(frames, time.perf_counter() - start)
             return None
-        batch = await anyio.to_thread.run_sync(self._assemble, [view for _, view in taken])
+        batch = await to_thread(self._assemble, [view for _, view in taken])
         for w, (slot, _) in enumerate(taken):
             self._release_slot(w, slot, commit=False)
         frames = batch.numel() if p is None else int((batch.get(_POLICY_VERSION) >= 0).sum())
@@ -258,7 +257,7 @@ class MultiAsyncCollector(_MultiCollector):
             frames = self._rb.commit(res)
             batch: TensorDictBase | None = None
         else:
-            batch = await anyio.to_thread.run_sync(view.clone)
+            batch = await to_thread(view.clone)
             batch.refine_names(*([None] * (batch.ndim - 1)), "time")
             self._release_slot(w, slot, commit=False)
             frames = batch.numel()

@@ -14,7 +14,6 @@ import time
 from typing import Any
 
 import anyio
-import anyio.to_thread
 import cloudpickle
 import numpy as np
 import torch
@@ -27,6 +26,7 @@ from ._pump import Pump
 from ._seeding import check_seed
 from ._shm import SharedBlock, layout_nbytes
 from ._storage import SharedMemoryStorage
+from ._threads import to_thread
 from ._weights import WeightBlock
 from ._workers import get_worker_backend
 from ._workers._base import WorkerHandle
@@ -293,7 +293,7 @@ class MultiCollectorBase(CollectorLifecycle):
 
     async def _finish(self, batch: TensorDictBase, frames: int, start: float) -> TensorDictBase | None:
         if self._cfg.split_trajs or self._cfg.postproc is not None or self._cfg.storing_device is not None:
-            batch = await anyio.to_thread.run_sync(self._post, batch)
+            batch = await to_thread(self._post, batch)
         if self._batch_rb is not None:
             await self._batch_rb.extend(batch)  # post-processed batches go through the parent
             batch = None
@@ -333,7 +333,7 @@ class MultiCollectorBase(CollectorLifecycle):
                 # A worker that timed out on the last update may still be copying the shared
                 # weights: overwriting them now would hand it a torn mix of two versions.
                 await self._await_acks(self._version, send=False)
-            await anyio.to_thread.run_sync(self._weights.copy_in, state)
+            await to_thread(self._weights.copy_in, state)
             self._version += 1
             if self._rb is not None:
                 self._rb.policy_version = self._version

@@ -14,6 +14,7 @@ Two things make a blocking twin safe to Ctrl-C, which anyio's portal alone does 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import select
 import signal
@@ -27,7 +28,10 @@ from typing import Any, TypeVar
 
 import anyio
 import sniffio
+import torch
 from anyio.from_thread import BlockingPortal
+
+from ._threads import adopt_torch_threads
 
 __all__ = ["Portal"]
 
@@ -36,6 +40,16 @@ T = TypeVar("T")
 # How long stopping the portal waits for its loop's worker threads to return. A worker that
 # is still busy after this is stuck in user code the collector already gave up on.
 _WORKER_JOIN_TIMEOUT = 5.0
+
+
+async def _adopting(n: int, fn: Callable[..., Any], *args: Any) -> Any:
+    # The portal's loop thread does torch work (and hands it to worker threads, which take
+    # its thread count), so it follows the caller's torch.set_num_threads.
+    adopt_torch_threads(n)
+    result = fn(*args)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
 
 
 def _in_event_loop() -> bool:
@@ -169,7 +183,7 @@ class Portal:
         """
         portal = self._get()
         with _SigintGuard(self._wakeup) as guard:
-            future = portal.start_task_soon(fn, *args)
+            future = portal.start_task_soon(_adopting, torch.get_num_threads(), fn, *args)
             try:
                 guard.wait(future, interruptible=interruptible)
             except BaseException:
@@ -241,7 +255,7 @@ class _BlockingContext(AbstractContextManager[Any]):
     def __enter__(self) -> Any:
         portal = self._portal._get()
         with _SigintGuard(self._portal._wakeup) as guard:
-            self._done = portal.start_task_soon(self._hold)
+            self._done = portal.start_task_soon(_adopting, torch.get_num_threads(), self._hold)
             try:
                 guard.wait(self._entered)
             except BaseException:

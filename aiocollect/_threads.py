@@ -8,10 +8,34 @@ from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
+import torch
 
-__all__ = ["ThreadLane"]
+__all__ = ["ThreadLane", "adopt_torch_threads", "to_thread"]
 
 T = TypeVar("T")
+
+
+def adopt_torch_threads(n: int) -> None:
+    """Give the current thread ``n`` torch intra-op threads.
+
+    OpenMP's thread count is per thread: ``torch.set_num_threads(1)`` in the main thread
+    does not reach a thread that ran no torch op before, and BLAS calls made there use every
+    core, with the extra OpenMP threads spinning between calls (a whole core each).
+    """
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+
+
+def _adopting(n: int, fn: Callable[..., T], *args: Any) -> T:
+    adopt_torch_threads(n)
+    return fn(*args)
+
+
+async def to_thread(fn: Callable[..., T], *args: Any, abandon_on_cancel: bool = False) -> T:
+    """``anyio.to_thread.run_sync`` with the calling thread's torch thread count."""
+    return await anyio.to_thread.run_sync(
+        _adopting, torch.get_num_threads(), fn, *args, abandon_on_cancel=abandon_on_cancel
+    )
 
 
 class _StaleCall(Exception):
@@ -44,7 +68,7 @@ class ThreadLane:
                 return fn(*args)
 
         try:
-            return await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
+            return await to_thread(call, abandon_on_cancel=True)
         except anyio.get_cancelled_exc_class():
             self.stop.set()
             raise
