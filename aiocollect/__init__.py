@@ -25,7 +25,7 @@ from ._multi import AsyncCollector as AsyncCollector
 from ._multi import MultiAsyncCollector as MultiAsyncCollector
 from ._multi import MultiSyncCollector as MultiSyncCollector
 from ._pool import AsyncEnvPool as AsyncEnvPool
-from ._samplers import PrioritizedSampler as PrioritizedSampler
+from ._prioritized import PrioritizedSampler as PrioritizedSampler
 from ._samplers import RandomSampler as RandomSampler
 from ._samplers import Sampler as Sampler
 from ._samplers import SamplerWithoutReplacement as SamplerWithoutReplacement

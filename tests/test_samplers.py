@@ -1,4 +1,4 @@
-"""Tests of the replay-buffer index samplers (`aiocollect._samplers`)."""
+"""Tests of the replay-buffer index samplers (`aiocollect._samplers`, `aiocollect._prioritized`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from aiocollect._prioritized import PrioritizedSampler
 from aiocollect._samplers import (
     BufferEmptyError,
-    PrioritizedSampler,
     RandomSampler,
     SampleContext,
     Sampler,

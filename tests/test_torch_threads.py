@@ -19,6 +19,8 @@ from aiocollect import Collector, SyncDataCollector
 
 
 def _openmp_max_threads() -> Callable[[], int]:
+    if not os.path.exists("/proc/self/maps"):
+        pytest.skip("needs /proc to find the OpenMP runtime torch loaded")
     with open("/proc/self/maps") as maps:
         libs = sorted({line.split()[-1] for line in maps if re.search(r"/lib[gi]omp[^/]*\.so", line)})
     if not libs:
@@ -50,7 +52,6 @@ class _RecordingPolicy(torch.nn.Module):
         return self.mlp(observation).argmax(-1)
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc to find the OpenMP runtime")
 def test_blocking_collector_steps_with_the_callers_thread_count(threads: int) -> None:
     policy = _RecordingPolicy()
     # CartPole's numpy fast path runs no torch op in the stepping thread before the policy.
@@ -59,7 +60,6 @@ def test_blocking_collector_steps_with_the_callers_thread_count(threads: int) ->
     assert policy.seen and set(policy.seen) == {threads}
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc to find the OpenMP runtime")
 @pytest.mark.anyio
 async def test_async_collector_steps_with_the_callers_thread_count(threads: int) -> None:
     policy = _RecordingPolicy()
