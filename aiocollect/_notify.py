@@ -14,21 +14,10 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
-import sniffio
+
+from ._loops import current_scheduler
 
 __all__ = ["Notifier"]
-
-
-def _scheduler() -> Callable[[Callable[[], Any]], Any]:
-    """A thread-safe ``call_soon`` for the running event loop."""
-    library = sniffio.current_async_library()
-    if library == "trio":
-        import trio
-
-        return trio.lowlevel.current_trio_token().run_sync_soon
-    import asyncio
-
-    return asyncio.get_running_loop().call_soon_threadsafe
 
 
 class Notifier:
@@ -47,7 +36,9 @@ class Notifier:
             with self.lock:
                 if predicate():
                     return
-                entry = (_scheduler(), anyio.Event())
+                scheduler = current_scheduler()
+                assert scheduler is not None  # called from a coroutine, so a loop runs
+                entry = (scheduler, anyio.Event())
                 self._waiters.append(entry)
             try:
                 await entry[1].wait()

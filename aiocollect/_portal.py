@@ -27,10 +27,10 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import anyio
-import sniffio
 import torch
 from anyio.from_thread import BlockingPortal
 
+from ._loops import in_event_loop
 from ._threads import adopt_torch_threads
 
 __all__ = ["Portal"]
@@ -50,14 +50,6 @@ async def _adopting(n: int, fn: Callable[..., Any], *args: Any) -> Any:
     if inspect.isawaitable(result):
         result = await result
     return result
-
-
-def _in_event_loop() -> bool:
-    try:
-        sniffio.current_async_library()
-    except sniffio.AsyncLibraryNotFoundError:
-        return False
-    return True
 
 
 class _Wakeup:
@@ -159,7 +151,7 @@ class Portal:
         self._lock = threading.Lock()
 
     def _check(self) -> None:
-        if _in_event_loop():
+        if in_event_loop():
             blocking, async_ = self._names
             raise RuntimeError(
                 f"{blocking} cannot be used inside a running event loop; "
