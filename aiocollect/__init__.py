@@ -19,6 +19,7 @@ from ._errors import CollectorClosedError as CollectorClosedError
 from ._errors import PolicyOutputError as PolicyOutputError
 from ._errors import WorkerCrashedError as WorkerCrashedError
 from ._errors import WorkerError as WorkerError
+from ._errors import WorkerTimeoutError as WorkerTimeoutError
 from ._errors import WouldBlock as WouldBlock
 from ._gym import wrap_gymnasium as wrap_gymnasium
 from ._multi import AsyncCollector as AsyncCollector
@@ -78,6 +79,7 @@ __all__ = (
     "SyncDataCollector",
     "WorkerCrashedError",
     "WorkerError",
+    "WorkerTimeoutError",
     "WouldBlock",
     "aSyncDataCollector",
     "split_trajectories",

@@ -104,7 +104,10 @@ class BackgroundMixin:
         assert self._bg_scope is not None
         try:
             with self._bg_scope:
-                while not self._exhausted():
+                # Shutdown may start while this task is runnable but not yet resumed (a thread
+                # call it awaited has just returned): then the cancellation lands only at the
+                # next checkpoint, after this check, so a closed collector must end the loop here.
+                while not self._exhausted() and not self._stopping():
                     if self._paused and self._in_flight() == 0:
                         await self._resumed.wait()
                         continue
@@ -143,6 +146,10 @@ class BackgroundMixin:
             self._resumed = anyio.Event()
             if not self._closed:
                 await self._resume_dispatch()
+
+    def _stopping(self) -> bool:
+        """Whether shutdown has begun: no new batch may start."""
+        return self._closed or (self._bg_scope is not None and self._bg_scope.cancel_called)
 
     def _check_not_background(self) -> None:
         if self._bg_scope is not None:

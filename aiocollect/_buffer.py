@@ -24,20 +24,12 @@ from ._samplers import SampleContext, make_sampler
 from ._stats import BufferStats
 from ._storage import Storage, frame_layout, make_storage
 from ._threads import to_thread
+from ._validate import check_int
 
 __all__ = ["ReplayBuffer", "Reservation"]
 
 _INLINE_BYTES = 16 << 20  # copies above this size (several ms) run in a worker thread, off the loop
 _POLICY_VERSION = ("collector", "policy_version")
-
-
-def _positive_int(name: str, value: Any, *, allow_none: bool = False, minimum: int = 1) -> Any:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        kind = "a positive int" if minimum == 1 else f"an int >= {minimum}"
-        raise ValueError(f"{name} must be {kind}{' or None' if allow_none else ''}, got {value!r}")
-    return value
 
 
 def _leaves(td: TensorDictBase) -> Any:
@@ -100,9 +92,9 @@ class ReplayBuffer(ReservationsMixin, BufferPersistence):
         max_policy_lag: int | None = None,
         seed: int | None = None,
     ) -> None:
-        self.capacity = _positive_int("capacity", capacity)
-        self.batch_size = _positive_int("batch_size", batch_size, allow_none=True)
-        self.min_size = _positive_int("min_size", min_size, minimum=0)
+        self.capacity = check_int("capacity", capacity)
+        self.batch_size = check_int("batch_size", batch_size, allow_none=True)
+        self.min_size = check_int("min_size", min_size, minimum=0)
         if self.min_size > capacity:
             raise ValueError(f"min_size ({min_size}) must not exceed capacity ({capacity}); lower min_size")
         self._limiter = RateLimiter.build(self.min_size, samples_per_insert, tolerance, self.batch_size)
@@ -110,8 +102,8 @@ class ReplayBuffer(ReservationsMixin, BufferPersistence):
         if transform is not None and not callable(transform):
             raise TypeError(f"transform must be a callable taking and returning a TensorDict, got {transform!r}")
         self.transform = transform
-        self.max_policy_lag = _positive_int("max_policy_lag", max_policy_lag, allow_none=True, minimum=0)
-        _positive_int("seed", seed, allow_none=True, minimum=0)
+        self.max_policy_lag = check_int("max_policy_lag", max_policy_lag, allow_none=True, minimum=0)
+        check_int("seed", seed, allow_none=True, minimum=0)
         self.storage = make_storage(storage)
         self.sampler = make_sampler(sampler)
         self._notifier = Notifier()
@@ -304,7 +296,7 @@ class ReplayBuffer(ReservationsMixin, BufferPersistence):
         bs = self.batch_size if batch_size is None else batch_size
         if bs is None:
             raise ValueError("sample() needs a batch_size: pass one here or to ReplayBuffer(batch_size=...)")
-        return _positive_int("batch_size", bs)
+        return check_int("batch_size", bs)
 
     def _context(self) -> SampleContext:
         t = self.storage.tensors
@@ -394,7 +386,7 @@ class ReplayBuffer(ReservationsMixin, BufferPersistence):
 
     async def wait_for(self, n: int) -> None:
         """Wait until at least ``n`` frames are stored (``len(buffer) >= n``)."""
-        n = _positive_int("n", n, minimum=0)
+        n = check_int("n", n, minimum=0)
         cap = self.storage.capacity or self.capacity  # ndim=2 storage rounds down to whole rows
         if n > cap:
             raise ValueError(f"wait_for({n}) can never return: the buffer holds at most {cap} frames")

@@ -176,15 +176,17 @@ class Collector(CollectorLifecycle):
 
     async def _close_resources(self) -> None:
         env, self._env, self._rollout = self._env, None, None
-        if env is None:
-            return
         timeout = self._cfg.shutdown_timeout
-        with anyio.move_on_after(timeout * 2):
-            if await self._lane.wait_idle(timeout):
-                await to_thread(env.close)
-                return
+        with anyio.move_on_after(timeout):
+            # Queued behind the call in progress (a step sees the stop flag at its next step).
+            if env is not None:
+                await self._lane.run_final(env.close)
+            await self._lane.aclose()
+            return
+        self._lane.close()  # its daemon thread is stuck in user code: it cannot keep the process alive
         warnings.warn(
-            f"an env step did not return within shutdown_timeout={timeout}s; the env was left open",
+            f"the env did not finish its {'step and close' if env is not None else 'construction'} within "
+            f"shutdown_timeout={timeout}s; it was left running in a daemon thread",
             RuntimeWarning,
             stacklevel=3,
         )
@@ -193,6 +195,7 @@ class Collector(CollectorLifecycle):
         env, self._env = self._env, None
         if env is not None and self._lane.idle:
             env.close()
+        self._lane.close()
 
     def _policy_version(self) -> int:
         return self._policy.version

@@ -6,13 +6,15 @@ Messages follow one grammar: the rule, the value (``!r``) and, where useful, the
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from tensordict.nn import InteractionType
+
+from ._errors import warn_user
+from ._validate import check_bool, check_int, check_seconds
 
 __all__ = ["CollectorConfig", "validate_config"]
 
@@ -36,24 +38,6 @@ class CollectorConfig:
     track_traj_ids: bool
     max_queued_batches: int
     shutdown_timeout: float
-
-
-def _int(name: str, value: Any, *, minimum: int, allow_none: bool = False) -> int | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        kind = "a positive int" if minimum == 1 else f"an int >= {minimum}"
-        none = " or None" if allow_none else ""
-        raise (TypeError if not isinstance(value, int) or isinstance(value, bool) else ValueError)(
-            f"{name} must be {kind}{none}, got {value!r}"
-        )
-    return value
-
-
-def _bool(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {value!r}")
-    return value
 
 
 def _device(name: str, value: Any) -> torch.device | None:
@@ -121,21 +105,24 @@ def validate_config(
         raise ValueError("create_env_kwargs can only be used with an env id or a factory, not an env instance")
     if policy is not None and not callable(policy):
         raise TypeError(f"policy must be None, an nn.Module or a callable, got {policy!r}")
-    fpb = _int("frames_per_batch", frames_per_batch, minimum=1)
-    assert fpb is not None
+    fpb = check_int("frames_per_batch", frames_per_batch)
     if total_frames is None:
         total_frames = -1
     if isinstance(total_frames, bool) or not isinstance(total_frames, int):
         raise TypeError(f"total_frames must be an int (-1 for endless), got {total_frames!r}")
     if total_frames == 0:
         raise ValueError("total_frames must be positive, or -1 for endless collection, got 0")
+    if 0 < total_frames < fpb:
+        raise ValueError(
+            f"total_frames ({total_frames}) must be at least frames_per_batch ({fpb}), or -1 for endless "
+            "collection; raise total_frames or lower frames_per_batch"
+        )
     total = math.inf if total_frames < 0 else float(total_frames)
     if total_frames > 0 and total_frames % fpb:
-        warnings.warn(
+        warn_user(
             f"total_frames ({total_frames}) is not divisible by frames_per_batch ({fpb}); "
-            "the last batch will take collection past total_frames",
+            f"the last batch will take collection to {math.ceil(total_frames / fpb) * fpb} frames",
             UserWarning,
-            stacklevel=4,
         )
     mfpt = max_frames_per_traj
     if mfpt is not None:
@@ -145,8 +132,7 @@ def validate_config(
     irf = init_random_frames
     if irf is None:
         irf = 0
-    if isinstance(irf, bool) or not isinstance(irf, int) or irf < -1:
-        raise ValueError(f"init_random_frames must be an int >= 0 (or -1/None for none), got {init_random_frames!r}")
+    check_int("init_random_frames", irf, minimum=-1, rule="an int >= 0 (or -1/None for none)")
     irf = max(irf, 0)
     if reset_when_done is not True:
         raise ValueError(
@@ -170,13 +156,12 @@ def validate_config(
     store_dev = _device("storing_device", storing_device) or dev
     if store_dev is None and env_dev is not None and env_dev == pol_dev:
         store_dev = env_dev
-    split = _bool("split_trajs", bool(split_trajs) if split_trajs is None else split_trajs)
-    track = _bool("track_traj_ids", track_traj_ids)
+    split = check_bool("split_trajs", bool(split_trajs) if split_trajs is None else split_trajs)
+    track = check_bool("track_traj_ids", track_traj_ids)
     if split and not track:
         raise ValueError("split_trajs=True needs track_traj_ids=True, got track_traj_ids=False")
-    mqb = _int("max_queued_batches", max_queued_batches, minimum=0)
-    if isinstance(shutdown_timeout, bool) or not isinstance(shutdown_timeout, (int, float)) or shutdown_timeout <= 0:
-        raise ValueError(f"shutdown_timeout must be a positive number of seconds, got {shutdown_timeout!r}")
+    mqb = check_int("max_queued_batches", max_queued_batches, minimum=0)
+    timeout = check_seconds("shutdown_timeout", shutdown_timeout)
     return CollectorConfig(
         create_env_fn=env_fn,
         create_env_kwargs=dict(create_env_kwargs or {}),
@@ -184,17 +169,17 @@ def validate_config(
         total_frames=total,
         max_frames_per_traj=mfpt,
         init_random_frames=irf,
-        reset_at_each_iter=_bool("reset_at_each_iter", reset_at_each_iter),
+        reset_at_each_iter=check_bool("reset_at_each_iter", reset_at_each_iter),
         postproc=postproc,
         split_trajs=split,
         exploration_type=exploration_type,
         env_device=env_dev,
         policy_device=pol_dev,
         storing_device=store_dev,
-        set_truncated=_bool("set_truncated", set_truncated),
+        set_truncated=check_bool("set_truncated", set_truncated),
         track_traj_ids=track,
         max_queued_batches=mqb or 0,
-        shutdown_timeout=float(shutdown_timeout),
+        shutdown_timeout=timeout,
     )
 
 

@@ -10,7 +10,10 @@ __all__ = [
     "PolicyOutputError",
     "WorkerCrashedError",
     "WorkerError",
+    "WorkerTimeoutError",
     "WouldBlock",
+    "first_failure",
+    "warn_user",
 ]
 
 
@@ -39,25 +42,34 @@ class PolicyOutputError(AiocollectError, ValueError):
 
 
 class WorkerError(AiocollectError):
-    """Raised when code running in a collector worker (env or policy) raises.
+    """Raised when a collector worker fails: its env or policy raised, it died, or it hung.
 
-    The worker's original exception is attached as ``__cause__``.
+    Every worker failure is a `WorkerError`, so one ``except WorkerError`` catches them all.
+    When the worker's code raised, its original exception (with the worker's traceback) is
+    attached as ``__cause__``. `WorkerCrashedError` (the process died without reporting an
+    error) and `WorkerTimeoutError` (no progress within ``worker_timeout``) are subclasses.
+
+    When several workers fail at once (the same bug in every worker, say), one error is
+    raised, always a `WorkerError`: the one of the lowest worker id among those seen. The
+    others are in its ``others`` attribute and listed in its notes.
 
     Attributes:
         worker_id: Index of the worker that failed.
         pid: Process id of the worker (the parent's pid for in-process workers).
-        step: The collector step at which the failure happened, or ``None``.
+        step: The worker's step at which the failure happened, or ``None``.
+        others: Failures of other workers seen at the same time (oldest first).
     """
 
     def __init__(self, worker_id: int, pid: int | None, step: int | None, error: str) -> None:
         self.worker_id = worker_id
         self.pid = pid
         self.step = step
+        self.others: tuple[BaseException, ...] = ()
         where = f" at step {step}" if step is not None else ""
         super().__init__(f"worker {worker_id} (pid {pid}) failed{where}: {error}")
 
 
-class WorkerCrashedError(AiocollectError):
+class WorkerCrashedError(WorkerError):
     """Raised when a worker process dies without reporting an error (signal, ``os._exit``).
 
     Attributes:
@@ -67,8 +79,6 @@ class WorkerCrashedError(AiocollectError):
     """
 
     def __init__(self, worker_id: int, pid: int | None, exitcode: int | None, *, during_startup: bool = False) -> None:
-        self.worker_id = worker_id
-        self.pid = pid
         self.exitcode = exitcode
         if exitcode is not None and exitcode < 0:
             import signal
@@ -85,7 +95,46 @@ class WorkerCrashedError(AiocollectError):
                 " during startup; if the main module creates the collector at import time, "
                 "guard that code with `if __name__ == \"__main__\":`"
             )
-        super().__init__(f"worker {worker_id} (pid {pid}) {how}{hint}")
+        AiocollectError.__init__(self, f"worker {worker_id} (pid {pid}) {how}{hint}")
+        self.worker_id, self.pid, self.step, self.others = worker_id, pid, None, ()
+
+
+class WorkerTimeoutError(WorkerError):
+    """Raised when a busy worker makes no progress for ``worker_timeout`` seconds.
+
+    A worker makes progress with every env step and every command it handles; one that is
+    stopped (``SIGSTOP``, a debugger) or blocked inside its env or policy makes none.
+
+    Attributes:
+        worker_id: Index of the stalled worker.
+        pid: Its process id.
+        step: The number of steps (and commands) it had made when it stalled.
+        seconds: How long it had made no progress.
+    """
+
+    def __init__(self, worker_id: int, pid: int | None, step: int, seconds: float, timeout: float, state: str) -> None:
+        self.seconds = seconds
+        AiocollectError.__init__(
+            self,
+            f"worker {worker_id} (pid {pid}) made no progress for {seconds:.1f}s (worker_timeout={timeout:g}) "
+            f"after step {step}: {state}; raise worker_timeout (None disables it) or set restart_workers "
+            "to restart stalled workers",
+        )
+        self.worker_id, self.pid, self.step, self.others = worker_id, pid, step, ()
+
+
+def first_failure(failures: list[BaseException]) -> BaseException:
+    """The one error to raise for ``failures`` seen together: the lowest worker id's, others attached."""
+    ordered = sorted(failures, key=lambda e: getattr(e, "worker_id", float("inf")))
+    first, rest = ordered[0], ordered[1:]
+    if rest and isinstance(first, WorkerError):
+        first.others = tuple(rest)
+        note = "other workers failed too:\n" + "\n".join(f"  {type(e).__name__}: {e}" for e in rest)
+        if hasattr(first, "add_note"):
+            first.add_note(note)
+        else:  # pragma: no cover - Python 3.10
+            first.__notes__ = [*getattr(first, "__notes__", []), note]  # type: ignore[attr-defined]
+    return first
 
 
 class _RemoteTraceback(Exception):
@@ -118,3 +167,39 @@ def worker_error_from_message(worker_id: int, pid: int | None, msg: tuple[object
     else:
         err.__cause__ = cause
     return err
+
+
+def _internal_prefixes() -> tuple[str, ...]:
+    import asyncio
+    import contextlib
+    import os
+    import threading
+
+    import anyio
+
+    dirs = [os.path.dirname(os.path.abspath(m.__file__ or "")) for m in (anyio, asyncio)]
+    here = os.path.dirname(os.path.abspath(__file__))
+    return (here + os.sep, *(d + os.sep for d in dirs), contextlib.__file__ or "", threading.__file__ or "")
+
+
+def warn_user(message: str, category: type[Warning]) -> None:
+    """``warnings.warn`` pointing at the user's line, however deep inside aiocollect it is called.
+
+    Frames of aiocollect, anyio, asyncio, contextlib and threading are skipped (a fixed
+    ``stacklevel`` is wrong as soon as a call path gets one frame deeper, and under
+    ``anyio.run`` it lands in anyio's source). Where the user's frame is in another thread
+    (a blocking twin's portal), the warning points at the outermost aiocollect frame.
+    """
+    import sys
+    import warnings
+
+    skip = _internal_prefixes()
+    frame, level, last = sys._getframe(1), 2, 2
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(skip):
+            break
+        if name.startswith(skip[0]):
+            last = level  # the outermost aiocollect frame so far
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level if frame is not None else last)

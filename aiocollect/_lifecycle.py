@@ -211,7 +211,7 @@ class CollectorLifecycle(BackgroundMixin):
     async def _produce(self) -> None:
         try:
             with self._producer_scope:  # type: ignore[union-attr]
-                while not self._exhausted():
+                while not self._exhausted() and not self._closed:
                     await self._demand.acquire()
                     item = await self._next_item()
                     if item is _NOTHING:

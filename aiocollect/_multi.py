@@ -18,6 +18,7 @@ from tensordict.nn import InteractionType
 from ._multi_base import MultiCollectorBase
 from ._multi_config import resolve_multi_config
 from ._threads import to_thread
+from ._workers._worker_main import _PREEMPT
 
 __all__ = ["AsyncCollector", "MultiAsyncCollector", "MultiSyncCollector"]
 
@@ -63,6 +64,7 @@ class _MultiCollector(MultiCollectorBase):
         trajs_per_write: int | None = None,
         restart_workers: int = 0,
         weight_sync_timeout: float = 60.0,
+        worker_timeout: float | None = 300.0,
         shutdown_timeout: float = 10.0,
         backend: str = "subprocess",
         start_method: str = "spawn",
@@ -72,7 +74,7 @@ class _MultiCollector(MultiCollectorBase):
             policy_factory=policy_factory, frames_per_batch=frames_per_batch, cat_results=cat_results,
             update_at_each_batch=update_at_each_batch, preemptive_threshold=preemptive_threshold,
             num_threads=num_threads, num_sub_threads=num_sub_threads, restart_workers=restart_workers,
-            weight_sync_timeout=weight_sync_timeout, start_method=start_method, backend=backend, device=device,
+            weight_sync_timeout=weight_sync_timeout, worker_timeout=worker_timeout, start_method=start_method, backend=backend, device=device,
             env_device=env_device, policy_device=policy_device, storing_device=storing_device,
             create_env_kwargs=create_env_kwargs, postproc=postproc, split_trajs=split_trajs,
             total_frames=total_frames, max_queued_batches=max_queued_batches,
@@ -110,6 +112,10 @@ _ARGS_DOC = """
         restart_workers: How many crashed workers to restart (re-seeded, re-synced) before
             a crash is raised as `WorkerCrashedError`.
         weight_sync_timeout: Seconds `update_policy_weights_` waits for acknowledgements.
+        worker_timeout: Seconds a busy worker may go without progress (an env step or a
+            command handled) before it counts as hung: `WorkerTimeoutError` names it, or
+            with ``restart_workers`` it is killed and restarted. Detected within 1.25x this
+            time. ``None`` disables the check; `stats` lists stalled workers either way.
         shutdown_timeout: Seconds each worker gets to exit before it is terminated, then killed.
         backend: Worker backend (``"subprocess"``).
         start_method: ``"spawn"`` (default) or ``"forkserver"``.
@@ -165,7 +171,7 @@ class MultiSyncCollector(_MultiCollector):
             for w in range(n):
                 control = self._control[w]
                 if not pump.pending[w] and control is not None:
-                    control[0] = seqs[w]  # cut this batch short at the worker's next step
+                    control[_PREEMPT] = seqs[w]  # cut this batch short at the worker's next step
         await pump.until(lambda: all(pump.pending[w] for w in range(n)))
         taken = [self._take(w) for w in range(n)]
         if self._direct:

@@ -9,7 +9,7 @@ it back. Pipes carry only the small commands of ``_workers._worker_main``.
 from __future__ import annotations
 
 import math
-import sys
+import os
 import time
 from typing import Any
 
@@ -19,7 +19,13 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from ._errors import CollectorClosedError, WorkerCrashedError, worker_error_from_message
+from ._errors import (
+    CollectorClosedError,
+    WorkerCrashedError,
+    WorkerTimeoutError,
+    first_failure,
+    worker_error_from_message,
+)
 from ._lifecycle import CollectorLifecycle
 from ._multi_config import MultiConfig
 from ._pump import Pump
@@ -30,15 +36,13 @@ from ._threads import to_thread
 from ._weights import WeightBlock
 from ._workers import get_worker_backend
 from ._workers._base import WorkerHandle
-from ._workers._worker_main import WorkerConfig
-
-if sys.version_info < (3, 11):  # pragma: no cover
-    from exceptiongroup import BaseExceptionGroup
+from ._workers._worker_main import _BUSY, _PROGRESS, _STOP, CONTROL_WORDS, WorkerConfig
 
 __all__ = ["SLOTS", "MultiCollectorBase"]
 
 SLOTS = 2  # double buffering: a worker fills one slot while the parent reads the other
-_CONTROL = 64  # bytes after a worker's slots: control words (the batch to cut short; stop now)
+_CONTROL = 64  # bytes after a worker's slots: the control words below
+_STALL_REPORT = 10.0  # seconds without progress after which stats() lists a busy worker
 
 
 class MultiCollectorBase(CollectorLifecycle):
@@ -63,6 +67,9 @@ class MultiCollectorBase(CollectorLifecycle):
         self._batch_shapes: dict[int, tuple[int, ...]] = {}
         self._saved_threads: int | None = None
         self._pump: Pump | None = None
+        # Liveness: per worker, the progress count last seen and when it was first seen.
+        self._seen: list[tuple[int, float]] = [(-1, 0.0)] * n
+        self._sent: list[int] = [-1] * n  # its progress count when work was last sent to it
         self._update_lock: anyio.Lock | None = None
         for w in range(n):  # fail on unpicklable factories now, before anything is spawned
             self._config_bytes(w)
@@ -109,7 +116,7 @@ class MultiCollectorBase(CollectorLifecycle):
         torch.set_num_threads(self._mc.num_threads or max(1, self._saved_threads - self._num_workers))
         self._update_lock = anyio.Lock()
         self._workers = [self._backend(w, self._mc.start_method) for w in range(self._num_workers)]
-        self._pump = Pump(self._workers, self._on_exit)
+        self._pump = Pump(self._workers, self._on_exit, self._watchdog)
         errors: list[BaseException] = []
 
         async def start(w: int) -> None:
@@ -122,7 +129,7 @@ class MultiCollectorBase(CollectorLifecycle):
             for w in range(self._num_workers):
                 tg.start_soon(start, w)
         if errors:
-            raise errors[0] if len(errors) == 1 else BaseExceptionGroup("several workers failed to start", errors)
+            raise first_failure(errors)
 
     async def _start_worker(self, w: int) -> None:
         handle = self._workers[w]
@@ -140,6 +147,7 @@ class MultiCollectorBase(CollectorLifecycle):
         assert self._pump is not None
         self._pump.alive[w] = True
         self._pump.acked[w] = self._version
+        self._mark_busy(w)
 
     def _give_slots(self, w: int, handle: WorkerHandle, layout: Any) -> None:
         slot_bytes = layout_nbytes(layout)
@@ -148,7 +156,7 @@ class MultiCollectorBase(CollectorLifecycle):
         assert block.fd is not None
         handle.send_fd(block.fd)
         self._slots[w] = [block.views(layout, i * slot_bytes) for i in range(SLOTS)]
-        self._control[w] = block.views([("control", (2,), torch.int64)], SLOTS * slot_bytes)["control"]
+        self._control[w] = block.views([("control", (CONTROL_WORDS,), torch.int64)], SLOTS * slot_bytes)["control"]
         block.close_fd()
         self._batch_shapes[w] = tuple(self._slots[w][0][("collector", "worker_id")].shape)
         if self._direct:
@@ -181,6 +189,7 @@ class MultiCollectorBase(CollectorLifecycle):
         if self._seed_root is not None:
             self._worker_seeds[w] = self._seed_root.spawn(1)[0]
         self._workers[w] = self._pump.workers[w] = self._backend(w, self._mc.start_method)
+        self._control[w] = None
         await self._start_worker(w)
         await self._redispatch_after_restart(w, lost)
 
@@ -191,7 +200,7 @@ class MultiCollectorBase(CollectorLifecycle):
     async def _close_resources(self) -> None:
         for control in self._control:
             if control is not None:
-                control[1] = 1  # workers cut the batch in progress short and read "close" next
+                control[_STOP] = 1  # workers cut the batch in progress short and read "close" next
         timeout = self._cfg.shutdown_timeout
         with anyio.move_on_after(timeout * 3):
             async with anyio.create_task_group() as tg:
@@ -221,6 +230,65 @@ class MultiCollectorBase(CollectorLifecycle):
         alive = sum(self._pump.alive) if self._pump is not None else 0
         return f"workers: {alive}/{self._num_workers} alive, {self._restarts} restarted"
 
+    # -- liveness ----------------------------------------------------------------------------
+    def _mark_busy(self, w: int) -> None:
+        """Worker ``w`` was just sent work: remember its progress count, restart its clock."""
+        control = self._control[w]
+        count = -1 if control is None else int(control[_PROGRESS])
+        self._sent[w], self._seen[w] = count, (count, time.monotonic())
+
+    def _silent(self) -> list[tuple[int, float, int]]:
+        """``(worker, seconds, progress)`` of workers that owe work and made no progress since last seen."""
+        pump, now, out = self._pump, time.monotonic(), []
+        if pump is None:
+            return out
+        for w, control in enumerate(self._control):
+            if control is None or not pump.alive[w]:
+                continue
+            count, busy = int(control[_PROGRESS]), bool(control[_BUSY])
+            # The worker says it is working, or it has not even received the work last sent
+            # and some is owed (outstanding batches are only known finished once read, so
+            # the owed count alone would blame a worker whose batch waits unread).
+            owed = len(self._outstanding[w]) > len(pump.pending[w]) or pump.acked[w] < self._version
+            seen, since = self._seen[w]
+            if count != seen or not (busy or (owed and count == self._sent[w])):
+                self._seen[w] = (count, now)  # progress, or idle: the clock starts again
+            else:
+                out.append((w, now - since, count))
+        return out
+
+    def _watchdog(self) -> float | None:
+        """Fail (or restart) stalled workers; return when to check again (``None``: no need)."""
+        timeout = self._mc.worker_timeout
+        if timeout is None or self._closed:
+            return None
+        # Progress is noticed when it is looked for, so check a few times per timeout: a
+        # worker that stalls is caught between 1 and 1.25 timeouts after its last step.
+        next_check = timeout / 4 if any(self._pump.alive) else None  # type: ignore[union-attr]
+        for w, seconds, count in self._silent():
+            if seconds >= timeout:
+                self._on_stall(w, seconds, count)
+            else:
+                next_check = min(next_check or timeout, timeout - seconds)
+        return next_check
+
+    def _on_stall(self, w: int, seconds: float, count: int) -> None:
+        pump, pid = self._pump, self._workers[w].pid
+        assert pump is not None
+        if self._restarts_left > 0 and pid is not None:
+            # SIGKILL (which a stopped process also obeys): the pump then sees the exit and
+            # supervision restarts the worker as after any crash.
+            self._seen[w] = (count, time.monotonic())
+            os.kill(pid, 9)
+            return
+        pump.alive[w] = False
+        pump.failures.append(WorkerTimeoutError(w, pid, count, seconds, self._mc.worker_timeout or 0.0, _state_of(pid)))
+
+    def _stalled_workers(self) -> tuple[int, ...]:
+        """Workers that owe work and made no progress for 10 s (or half of ``worker_timeout``)."""
+        limit = min(_STALL_REPORT, (self._mc.worker_timeout or 2 * _STALL_REPORT) / 2)
+        return tuple(w for w, seconds, _ in self._silent() if seconds >= limit)
+
     # -- collection --------------------------------------------------------------------------
     def _random(self) -> bool:
         done = self._rb.write_count if self._rb is not None else self._frames
@@ -236,6 +304,7 @@ class MultiCollectorBase(CollectorLifecycle):
         self._idle[w].remove(slot)
         self._outstanding[w][slot] = reservation
         self._seq += 1
+        self._mark_busy(w)
         pieces = None if reservation is None else reservation.pieces
         self._workers[w].send(("collect", slot, self._random(), self._seq, pieces))
 
@@ -349,6 +418,7 @@ class MultiCollectorBase(CollectorLifecycle):
             return
         if send:
             for w in live:
+                self._mark_busy(w)
                 self._workers[w].send(("weights", version))
         with anyio.move_on_after(self._mc.weight_sync_timeout):
             await pump.until(lambda: all(pump.acked[w] >= version or not pump.alive[w] for w in live))
@@ -415,5 +485,17 @@ class MultiCollectorBase(CollectorLifecycle):
         alive = sum(self._pump.alive) if self._pump is not None else 0
         return dataclasses.replace(
             base, workers=self._num_workers, workers_alive=alive, restarts=self._restarts,
-            dropped_batches=self._dropped_batches,
+            dropped_batches=self._dropped_batches, stalled_workers=self._stalled_workers(),
         )  # fmt: skip
+
+
+def _state_of(pid: int | None) -> str:
+    """How a stalled worker's process looks from outside (Linux), for the error message."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "it is stuck in its env or policy, or stopped"
+    if state in ("T", "t"):
+        return "its process is stopped (SIGSTOP or a debugger)"
+    return "it is blocked in its env or policy (or waiting on something they wait on)"

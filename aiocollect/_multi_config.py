@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._config import CollectorConfig, validate_config
+from ._validate import check_bool, check_int, check_seconds
 
 __all__ = ["MultiConfig", "resolve_multi_config"]
 
@@ -32,6 +33,7 @@ class MultiConfig:
     num_sub_threads: int
     restart_workers: int
     weight_sync_timeout: float
+    worker_timeout: float | None
     start_method: str
     backend: str
 
@@ -46,14 +48,6 @@ def _per_worker(name: str, value: Any, n: int) -> list[Any]:
             raise ValueError(f"{name} has {len(value)} entries but there are {n} workers; give one per worker")
         return list(value)
     return [value] * n
-
-
-def _count(name: str, value: Any, minimum: int, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        kind = "a positive int" if minimum == 1 else f"an int >= {minimum}"
-        raise ValueError(f"{name} must be {kind}{' or None' if allow_none else ''}, got {value!r}")
 
 
 def resolve_multi_config(
@@ -71,6 +65,7 @@ def resolve_multi_config(
     num_sub_threads: Any,
     restart_workers: Any,
     weight_sync_timeout: Any,
+    worker_timeout: Any,
     start_method: Any,
     backend: Any,
     device: Any,
@@ -87,12 +82,12 @@ def resolve_multi_config(
     """Validate every argument of a multi-process collector (``common`` goes to every worker)."""
     name = "MultiSyncCollector" if sync else "MultiAsyncCollector"
     if isinstance(create_env_fn, (list, tuple)):
+        check_int("num_workers", num_workers, allow_none=True)
         fns = list(create_env_fn)
         if num_workers is not None and num_workers != len(fns):
             raise ValueError(f"num_workers={num_workers!r} but create_env_fn lists {len(fns)} factories; drop num_workers")
     else:
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
-            raise ValueError(f"num_workers must be a positive int when create_env_fn is a single factory, got {num_workers!r}")
+        check_int("num_workers", num_workers, rule="a positive int when create_env_fn is a single factory")
         fns = [create_env_fn] * num_workers
     n = len(fns)
     if n == 0:
@@ -133,26 +128,26 @@ def resolve_multi_config(
             raise ValueError(f"cat_results must be 'stack' or an int dim, got {cat_results!r}")
     elif cat_results is not None:
         raise ValueError(f"cat_results is only for MultiSyncCollector ({name} yields one worker's batch), got {cat_results!r}")
-    if not isinstance(update_at_each_batch, bool):
-        raise TypeError(f"update_at_each_batch must be a bool, got {update_at_each_batch!r}")
+    check_bool("update_at_each_batch", update_at_each_batch)
     p = preemptive_threshold
     if p is not None:
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+        if isinstance(p, bool) or not isinstance(p, (int, float)):
+            raise TypeError(f"preemptive_threshold must be a float in [0, 1] or None, got {p!r}")
+        if not 0.0 <= p <= 1.0:
             raise ValueError(f"preemptive_threshold must be a float in [0, 1] or None, got {p!r}")
         if not sync:
             raise ValueError(f"preemptive_threshold only applies to MultiSyncCollector ({name} never waits for stragglers)")
         p = None if p == 1.0 else float(p)  # 1.0 waits for every worker: the same as no threshold
-    _count("num_threads", num_threads, 1, allow_none=True)
-    _count("num_sub_threads", num_sub_threads, 1)
-    _count("restart_workers", restart_workers, 0)
-    t = weight_sync_timeout
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0:
-        raise ValueError(f"weight_sync_timeout must be a positive number of seconds, got {t!r}")
+    check_int("num_threads", num_threads, allow_none=True)
+    check_int("num_sub_threads", num_sub_threads)
+    check_int("restart_workers", restart_workers, minimum=0)
+    t = check_seconds("weight_sync_timeout", weight_sync_timeout)
+    wt = check_seconds("worker_timeout", worker_timeout, allow_none=True)
     if start_method not in ("spawn", "forkserver"):
         raise ValueError(f"start_method must be 'spawn' or 'forkserver' (fork is unsafe with threads), got {start_method!r}")
     return MultiConfig(
         cfg=cfg, worker_cfgs=worker_cfgs, factories=factories, cat=cat_results, total_fpb=total_fpb,
         update_at_each_batch=update_at_each_batch, preemptive_threshold=p, num_threads=num_threads,
-        num_sub_threads=num_sub_threads, restart_workers=restart_workers, weight_sync_timeout=float(t),
+        num_sub_threads=num_sub_threads, restart_workers=restart_workers, weight_sync_timeout=t, worker_timeout=wt,
         start_method=start_method, backend=backend,
     )  # fmt: skip

@@ -9,7 +9,6 @@ cancelled waiter never consumes a message it does not record.
 
 from __future__ import annotations
 
-import sys
 import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -17,10 +16,8 @@ from typing import Any
 
 import anyio
 
+from ._errors import first_failure
 from ._workers._base import WorkerHandle
-
-if sys.version_info < (3, 11):  # pragma: no cover
-    from exceptiongroup import BaseExceptionGroup
 
 __all__ = ["Pump"]
 
@@ -28,7 +25,12 @@ __all__ = ["Pump"]
 class Pump:
     """Dispatches worker messages into per-worker state the collectors read."""
 
-    def __init__(self, workers: Sequence[WorkerHandle], on_exit: Callable[[int, int | None], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        workers: Sequence[WorkerHandle],
+        on_exit: Callable[[int, int | None], Awaitable[None]],
+        watchdog: Callable[[], float | None] | None = None,
+    ) -> None:
         self.workers = list(workers)
         self.pending: list[deque[int]] = [deque() for _ in workers]  # slots with a fresh batch
         self.acked: list[int] = [-1] * len(workers)  # last weights version each worker applied
@@ -38,6 +40,9 @@ class Pump:
         # would make a reference cycle that delays (and disorders) finalization of an
         # unclosed collector until the cyclic garbage collector runs.
         self._on_exit = weakref.WeakMethod(on_exit)  # type: ignore[arg-type]
+        # Checks busy workers for progress (recording failures for stalled ones) and says
+        # when to check again; reads stop waiting then, so a silent worker is noticed.
+        self._watchdog = None if watchdog is None else weakref.WeakMethod(watchdog)  # type: ignore[arg-type]
         self._lock = anyio.Lock()
         self._changed = anyio.Event()
 
@@ -59,7 +64,7 @@ class Pump:
             self.failures.append(RuntimeError(f"worker {w} sent an unexpected message {kind!r}"))
         return None
 
-    async def _read_some(self) -> list[tuple[int, tuple[Any, ...]]]:
+    async def _read_some(self, timeout: float | None) -> list[tuple[int, tuple[Any, ...]]]:
         live = [w for w, ok in enumerate(self.alive) if ok]
         got: list[tuple[int, tuple[Any, ...]]] = []
         for w in live:  # fast path: whatever is already readable, without spawning tasks
@@ -73,19 +78,20 @@ class Pump:
             got.append((w, await self.workers[w].receive()))
             scope.cancel()
 
-        async with anyio.create_task_group() as tg:
-            for w in live:
-                tg.start_soon(one, w, tg.cancel_scope)
+        with anyio.move_on_after(timeout):
+            async with anyio.create_task_group() as tg:
+                for w in live:
+                    tg.start_soon(one, w, tg.cancel_scope)
         return got
 
     async def until(self, predicate: Callable[[], bool]) -> None:
         """Read messages until ``predicate()`` holds; raise the first worker failure seen."""
         while True:
+            watchdog = self._watchdog() if self._watchdog is not None else None
+            next_check = watchdog() if watchdog is not None else None
             if self.failures:
                 failures, self.failures = self.failures, []
-                if len(failures) == 1:
-                    raise failures[0]
-                raise BaseExceptionGroup("several workers failed", failures)
+                raise first_failure(failures)
             if predicate():
                 return
             if self._lock.locked():
@@ -93,7 +99,7 @@ class Pump:
                 continue
             async with self._lock:
                 exits = []
-                for w, msg in await self._read_some():
+                for w, msg in await self._read_some(next_check):
                     ended = self._dispatch(w, msg)
                     if ended is not None:
                         exits.append(ended)

@@ -25,12 +25,13 @@ class RateLimiter:
     @classmethod
     def build(cls, min_size: int, samples_per_insert: object, tolerance: object, batch_size: int | None) -> RateLimiter:
         """Validate the buffer's rate arguments (``ValueError`` with the rule, value and fix)."""
-        spi = samples_per_insert
-        if spi is not None and (isinstance(spi, bool) or not isinstance(spi, (int, float)) or not spi > 0):
-            raise ValueError(f"samples_per_insert must be a positive number or None, got {spi!r}")
-        tol = tolerance
-        if tol is not None and (isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol > 0):
-            raise ValueError(f"tolerance must be a positive number of frames or None, got {tol!r}")
+        spi, tol = samples_per_insert, tolerance
+        for name, value, rule in (("samples_per_insert", spi, "a positive number or None"),
+                                  ("tolerance", tol, "a positive number of frames or None")):  # fmt: skip
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise TypeError(f"{name} must be {rule}, got {value!r}")
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be {rule}, got {value!r}")
         if tol is None and spi is not None:
             tol = 2.0 * max(batch_size or 1, float(spi))  # type: ignore[arg-type]
         return cls(min_size, None if spi is None else float(spi), None if tol is None else float(tol))  # type: ignore[arg-type]

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ._validate import check_int
+
 __all__ = ["SeedPlan", "check_seed"]
 
 
 def check_seed(seed: object) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
-    return seed
+    return check_int("seed", seed, minimum=0, rule="a non-negative int")  # type: ignore[no-any-return]
 
 
 class SeedPlan:

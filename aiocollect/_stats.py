@@ -20,9 +20,12 @@ class CollectorStats:
         policy_version: The current policy version (bumped by each weight update).
         completed: Whether the frame budget has been reached.
         workers: Number of worker processes (0 for in-process collectors).
-        workers_alive: Workers currently running.
+        workers_alive: Worker processes currently running (stalled ones included).
         restarts: Workers restarted by supervision (``restart_workers``).
         dropped_batches: In-flight batches lost with crashed workers (never delivered).
+        stalled_workers: Ids of workers that owe work but made no progress (no env step,
+            no command handled) for 10 s, or for half of ``worker_timeout`` if that is
+            shorter: they are stopped or hung, and ``worker_timeout`` will act on them.
 
     Examples:
         >>> s = CollectorStats(frames=100, batches=1, total_frames=None, frames_per_second=1e3,
@@ -41,6 +44,7 @@ class CollectorStats:
     workers_alive: int = 0
     restarts: int = 0
     dropped_batches: int = 0
+    stalled_workers: tuple[int, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """Return the record as a plain dict (for loggers)."""

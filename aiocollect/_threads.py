@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import anyio
 import anyio.to_thread
 import torch
+
+from ._loops import current_scheduler
 
 __all__ = ["ThreadLane", "adopt_torch_threads", "to_thread"]
 
@@ -43,35 +46,66 @@ class _StaleCall(Exception):
 
 
 class ThreadLane:
-    """One lane of blocking work: at most one call runs at a time, and the lane knows when it is idle.
+    """One lane of blocking work on its own daemon thread: one call at a time, in order.
 
-    A call is abandoned (not waited for) when its caller is cancelled, so cancellation takes
-    effect at once; ``stop`` is set at the same time so cooperative code (the rollout checks it
-    every step) finishes soon after. `wait_idle` then bounds how long teardown waits for it.
+    Env steps and policy calls run here instead of in the event loop's worker threads. A
+    call is abandoned (not waited for) when its caller is cancelled, so cancellation takes
+    effect at once; `stop` is set at the same time so cooperative code (the rollout checks
+    it every step) finishes soon after, and `wait_idle` bounds how long teardown waits.
+
+    The thread is a daemon, unlike asyncio's worker threads, which the interpreter joins at
+    exit: an env step that never returns must not keep the user's process alive. The
+    caller's loop is woken through its thread-safe scheduler, so any asyncio or trio loop
+    (or several, one after another) can use the lane.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "aiocollect lane") -> None:
         self.stop = threading.Event()
+        self._name = name
         self._busy = threading.Lock()  # held by the thread while a call runs
         self._generation = 0
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            job()
+
+    def _submit(self, fn: Callable[..., T], args: tuple[Any, ...], *, check_stale: bool) -> _Pending[T]:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
+            self._thread.start()
+        pending: _Pending[T] = _Pending()
+        generation, threads = self._generation, torch.get_num_threads()
+
+        def job() -> None:
+            with self._busy:
+                try:
+                    # A call whose caller was cancelled before the thread picked it up must not run.
+                    if check_stale and (generation != self._generation or self.stop.is_set()):
+                        raise _StaleCall
+                    pending.value = _adopting(threads, fn, *args)
+                except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+                    pending.error = exc
+            pending.finish()
+
+        self._jobs.put(job)
+        return pending
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` on the lane's thread and return its result."""
         self._generation += 1
-        generation = self._generation
         self.stop.clear()
-
-        def call() -> T:
-            with self._busy:
-                # A call whose caller was cancelled before the thread picked it up must not run.
-                if generation != self._generation or self.stop.is_set():
-                    raise _StaleCall
-                return fn(*args)
-
+        pending = self._submit(fn, args, check_stale=True)
         try:
-            return await to_thread(call, abandon_on_cancel=True)
+            return await pending.result()
         except anyio.get_cancelled_exc_class():
             self.stop.set()
             raise
+
+    async def run_final(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` after whatever the lane is doing, even once `stop` is set (teardown)."""
+        return await self._submit(fn, args, check_stale=False).result()
 
     @property
     def idle(self) -> bool:
@@ -79,11 +113,51 @@ class ThreadLane:
 
     async def wait_idle(self, timeout: float | None) -> bool:
         """Wait until no call is running; return False if ``timeout`` expired first."""
+        if self.idle:
+            return True
+        with anyio.move_on_after(timeout):
+            await self.run_final(lambda: None)  # runs once every earlier call has returned
+            return True
+        return False
 
-        def wait() -> bool:
-            if self._busy.acquire(timeout=-1 if timeout is None else timeout):
-                self._busy.release()
-                return True
-            return False
+    def close(self) -> None:
+        """Let the thread exit after its current call (it is a daemon if that call never returns)."""
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread = None
 
-        return self.idle or await anyio.to_thread.run_sync(wait, abandon_on_cancel=True)
+    async def aclose(self) -> None:
+        """`close`, then wait for the thread to end (call it when the lane is idle)."""
+        thread = self._thread
+        if thread is None:
+            return
+        await self.run_final(lambda: None)  # the queue is empty now: only the exit remains
+        self.close()
+        thread.join(1.0)  # microseconds: the thread's last statement has already run
+
+
+class _Pending(Generic[T]):
+    """The result of one lane call, and a wake-up for the loop that awaits it."""
+
+    def __init__(self) -> None:
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self._done = threading.Event()
+        self._event = anyio.Event()
+        self._schedule = current_scheduler()
+
+    def finish(self) -> None:
+        self._done.set()
+        if self._schedule is not None:
+            try:
+                self._schedule(self._event.set)
+            except RuntimeError:  # the loop has closed: nobody is waiting any more
+                pass
+
+    async def result(self) -> T:
+        if not self._done.is_set():
+            await self._event.wait()
+        if self.error is not None:
+            error, self.error = self.error, None  # no reference cycle through the traceback
+            raise error
+        return self.value  # type: ignore[no-any-return]

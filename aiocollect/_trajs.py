@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from ._validate import check_int
+
 __all__ = ["TrajectoryAssembler", "check_traj_args"]
 
 _FORMATS = ("padded", "cat")
@@ -27,14 +29,10 @@ def check_traj_args(trajs_per_batch: Any, traj_format: Any, trajs_per_write: Any
         if traj_format is not None or trajs_per_write is not None:
             raise ValueError("traj_format and trajs_per_write need trajs_per_batch; set trajs_per_batch or drop them")
         return
-    if isinstance(trajs_per_batch, bool) or not isinstance(trajs_per_batch, int) or trajs_per_batch < 1:
-        raise ValueError(f"trajs_per_batch must be a positive int or None, got {trajs_per_batch!r}")
+    check_int("trajs_per_batch", trajs_per_batch, allow_none=True)
     if traj_format is not None and traj_format not in _FORMATS:
         raise ValueError(f"traj_format must be 'padded' or 'cat', got {traj_format!r}")
-    if trajs_per_write is not None and (
-        isinstance(trajs_per_write, bool) or not isinstance(trajs_per_write, int) or trajs_per_write < 1
-    ):
-        raise ValueError(f"trajs_per_write must be a positive int or None, got {trajs_per_write!r}")
+    check_int("trajs_per_write", trajs_per_write, allow_none=True)
     if storage_ndim == 2:
         raise ValueError("trajs_per_batch writes episodes as flat runs of frames; give the replay buffer ndim=1 storage")
 

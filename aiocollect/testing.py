@@ -5,6 +5,7 @@ Everything here is cheap, deterministic and dependency-free, so it can run in an
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,7 +18,7 @@ from tensordict import TensorDict, TensorDictBase
 from ._envs import BatchedEnv
 from ._specs import ArraySpec, EnvSpec
 
-__all__ = ("CountingEnv", "FailingEnv", "ScriptedPolicy", "SleepyAsyncEnv")
+__all__ = ("CountingEnv", "FailingEnv", "HangingEnv", "ScriptedPolicy", "SleepyAsyncEnv")
 
 
 class CountingEnv(BatchedEnv):
@@ -103,6 +104,41 @@ class FailingEnv(CountingEnv):
         if self.calls == self.fail_at:
             raise self.error(f"FailingEnv failed at step {self.calls}")
         return super().step(action)
+
+
+class HangingEnv(CountingEnv):
+    """A `CountingEnv` whose `step` blocks from its ``hang_at``-th call (1-based) until released.
+
+    Stands in for a simulator that deadlocks: test liveness settings (``worker_timeout``)
+    and shutdown deadlines with it. `release` lets an in-process test unblock it; in a
+    worker process it blocks until the process ends.
+
+    Examples:
+        >>> env = HangingEnv(hang_at=2)
+        >>> _ = env.reset()
+        >>> _ = env.step(None)  # the second call would block
+        >>> env.release.set()   # (unblocks it, and every later call)
+    """
+
+    def __init__(self, num_envs: int = 1, hang_at: int = 3, episode_length: int = 1000) -> None:
+        super().__init__(num_envs, episode_length=episode_length)
+        self.hang_at, self.calls = hang_at, 0
+        self.release = threading.Event()
+
+    def step(self, action: TensorDictBase) -> TensorDictBase:
+        """Step, or block from the configured call on."""
+        self.calls += 1
+        if self.calls >= self.hang_at:
+            self.release.wait()
+        return super().step(action)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["release"] = None  # events do not pickle; a fresh one is made on the other side
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, release=threading.Event())
 
 
 class SleepyAsyncEnv:

@@ -3,8 +3,10 @@
 Protocol (tuples over the worker's connection; tensors never travel through it):
 
 parent -> worker: ``("slots", n, slot_bytes)`` followed by the block's fd (``n`` slots, then
-two int64 control words: the sequence number of a batch to cut short, and a stop flag that
-cuts any batch short at shutdown), ``("storage", handle,
+`CONTROL_WORDS` int64 control words: the sequence number of a batch to cut short and a stop
+flag that cuts any batch short at shutdown, written by the parent; a progress count the
+worker bumps at every env step and command, and a busy flag it holds while it has work, read
+by the parent's liveness check), ``("storage", handle,
 has_fd)`` (a replay buffer's storage to write into; followed by its fd if ``has_fd``),
 ``("collect", slot, random, seq, pieces)`` (``pieces``: ``None`` to fill ``slot``, or the
 buffer rows to fill), ``("weights", version)``, ``("seed", SeedSequence)``, ``("reset",)``,
@@ -29,7 +31,11 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["WorkerConfig", "worker_main"]
+__all__ = ["CONTROL_WORDS", "WorkerConfig", "worker_main"]
+
+# Indices of the control words that follow a worker's slots.
+_PREEMPT, _STOP, _PROGRESS, _BUSY = range(4)
+CONTROL_WORDS = 4
 
 
 @dataclass
@@ -147,7 +153,7 @@ def _setup(conn: Any, cfg: WorkerConfig, weights_fd: Any, weights_bytes: int) ->
         block.close_fd()
         rollout.slots = [block.views(layout, i * slot_bytes) for i in range(n_slots)]
         # A numpy view: polled before every env step, so reading it must cost next to nothing.
-        rollout.control = block.views([("control", (2,), torch.int64)], n_slots * slot_bytes)["control"].numpy()
+        rollout.control = block.views([("control", (CONTROL_WORDS,), torch.int64)], n_slots * slot_bytes)["control"].numpy()
         rollout.storage = None
         conn.send(("ready", os.getpid()))
         return rollout
@@ -157,8 +163,12 @@ def _setup(conn: Any, cfg: WorkerConfig, weights_fd: Any, weights_bytes: int) ->
 
 
 def _serve(conn: Any, cfg: WorkerConfig, rollout: Any) -> None:
+    control = rollout.control
     while True:
+        control[_BUSY] = 0
         cmd = conn.recv()
+        control[_BUSY] = 1
+        control[_PROGRESS] += 1
         kind = cmd[0]
         if kind == "collect":
             _collect(rollout, cfg, *cmd[1:])
@@ -191,10 +201,11 @@ def _serve(conn: Any, cfg: WorkerConfig, rollout: Any) -> None:
 
 def _collect(rollout: Any, cfg: WorkerConfig, slot: int, random: bool, seq: int, pieces: Any) -> None:
     control = rollout.control
-    if cfg.preemptible:
-        preempt = lambda: control[0] == seq or control[1] != 0  # noqa: E731
-    else:
-        preempt = lambda: control[1] != 0  # noqa: E731
+
+    def preempt() -> bool:  # polled before every env step
+        control[_PROGRESS] += 1
+        return control[_STOP] != 0 or (cfg.preemptible and control[_PREEMPT] == seq)  # type: ignore[no-any-return]
+
     if pieces is not None and len(pieces) == 1:
         # Straight into the replay buffer's rows: the batch is copied exactly once.
         start, n = pieces[0]
