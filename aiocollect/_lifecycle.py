@@ -105,7 +105,14 @@ class CollectorLifecycle(BackgroundMixin):
         if self._closed:
             raise CollectorClosedError(f"this {type(self).__name__} was shut down; create a new one")
         if not self._started:
-            await self._start()
+            try:
+                await self._start()
+            except BaseException:
+                # However start-up ends early (an error, or cancellation while workers are
+                # still spawning), what was already started is torn down now: nothing else
+                # holds on to a collector that never started.
+                await self.aclose()
+                raise
             self._started = True
             if self._rb is not None:
                 self._rb.attach_writer()

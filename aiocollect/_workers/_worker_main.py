@@ -86,7 +86,8 @@ def worker_main(conn: Any, alive: Any, config_bytes: bytes, weights_fd: Any, wei
         cfg: WorkerConfig = cloudpickle.loads(config_bytes)
         rollout = _setup(conn, cfg, weights_fd, weights_bytes)
         step = 0
-        _serve(conn, cfg, rollout)
+        if rollout is not None:
+            _serve(conn, cfg, rollout)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, never swallowed
         if rollout is not None:
             step = rollout.steps_done
@@ -108,6 +109,7 @@ def worker_main(conn: Any, alive: Any, config_bytes: bytes, weights_fd: Any, wei
 
 
 def _setup(conn: Any, cfg: WorkerConfig, weights_fd: Any, weights_bytes: int) -> Any:
+    """Build env, policy and rollout and receive the slots; ``None`` if told to close first."""
     from multiprocessing.reduction import recv_handle
 
     import torch
@@ -147,8 +149,13 @@ def _setup(conn: Any, cfg: WorkerConfig, weights_fd: Any, weights_bytes: int) ->
         rollout.prepare()
         layout = rollout.output_layout()
         conn.send(("layout", layout))
-        kind, n_slots, slot_bytes = conn.recv()
-        assert kind == "slots"
+        msg = conn.recv()
+        if msg[0] == "close":  # the collector shut down while this worker was starting
+            env.close()
+            return None
+        kind, n_slots, slot_bytes = msg
+        if kind != "slots":  # pragma: no cover - a protocol bug, reported like any worker error
+            raise RuntimeError(f"worker expected 'slots' during start-up, got {kind!r}")
         block = SharedBlock(n_slots * slot_bytes + 64, recv_handle(conn))
         block.close_fd()
         rollout.slots = [block.views(layout, i * slot_bytes) for i in range(n_slots)]

@@ -15,7 +15,7 @@ import psutil
 import pytest
 import torch
 
-from aiocollect import MultiAsyncCollector, MultiSyncCollector
+from aiocollect import CollectorClosedError, MultiAsyncCollector, MultiSyncCollector
 from aiocollect.testing import CountingEnv, ScriptedPolicy
 
 pytestmark = pytest.mark.timeout(120)
@@ -124,6 +124,32 @@ async def test_unclosed_multi_collector_is_killed_on_gc() -> None:
         del c
         gc.collect()
     assert wait_gone(pids, 5) == []
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("cls", [MultiAsyncCollector, MultiSyncCollector])
+async def test_cancelling_a_bare_async_for_during_startup_stops_every_worker(cls: type) -> None:
+    # No 'async with': the collector starts lazily in __anext__, and the cancellation lands
+    # while its workers are still spawning. The no_leaks fixture checks that no worker
+    # process, fd or thread is left behind.
+    c = cls(CountingEnv, num_workers=2, frames_per_batch=8)
+    batches = []
+
+    async def iterate() -> None:
+        async for batch in c:
+            batches.append(batch)
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(iterate)
+            await anyio.wait_all_tasks_blocked()  # blocked in worker start-up
+            assert c._workers and not c._started
+            tg.cancel_scope.cancel()
+    assert batches == []
+    assert "closed" in repr(c)
+    assert all(w.pid is None for w in c._workers)  # reaped, not left as zombies
+    with pytest.raises(CollectorClosedError):
+        await c.__anext__()
 
 
 @pytest.mark.anyio
