@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from contextlib import AbstractContextManager
 from functools import partial
 from types import TracebackType
@@ -164,7 +165,15 @@ class DataCollectorBase:
         return repr(self._async).replace(self._async_class.__name__, f"blocking.{type(self).__name__}", 1)
 
     def __del__(self) -> None:
-        try:
-            self.shutdown()
-        except Exception:  # noqa: BLE001 - nothing can be raised from __del__
-            pass
+        # Never wait here: at interpreter exit the portal's thread may already be frozen, and
+        # a finalizer that waits on it hangs the process. Warn, free what needs no waiting.
+        portal = getattr(self, "_portal", None)
+        if portal is None or not portal.running:
+            return
+        warnings.warn(f"unclosed {self!r}; use 'with' or call shutdown()", ResourceWarning, stacklevel=1)
+        if self._context is None:
+            # Nothing runs in the portal's loop between calls: close synchronously here.
+            self._async._finalize()
+        # An open 'with' (or start()) has a task in the loop: cancelling it runs the
+        # collector's bounded teardown in the portal's own thread.
+        portal.stop_nowait()

@@ -414,17 +414,30 @@ class ReplayBuffer(ReservationsMixin, BufferPersistence):
         """Release the storage and wake every waiter (they raise `BufferClosedError`). Idempotent."""
         self.close_now()
 
-    def close_now(self) -> None:
-        """Synchronous `aclose` (also used by the blocking twin and garbage collection)."""
-        with self._lock:
+    @property
+    def closed(self) -> bool:
+        """Whether `aclose` (or ``close``) was called."""
+        return self._closed
+
+    def close_now(self, *, blocking: bool = True) -> None:
+        """Synchronous `aclose` (also used by the blocking twin and garbage collection).
+
+        With ``blocking=False`` (finalizers) it gives up instead of waiting for the lock that
+        another thread holds; the storage is then freed with the buffer.
+        """
+        if not self._lock.acquire(blocking=blocking):
+            return
+        try:
             if self._closed:
                 return
             self._closed = True
             self.storage.close()
-        self._notifier.notify_all()
+            self._notifier.notify_all()  # the lock is re-entrant: no second wait for it
+        finally:
+            self._lock.release()
 
     def __del__(self) -> None:
         # Memory needs no warning (it is freed with the object); a temporary memmap
         # directory does need deleting.
         if not getattr(self, "_closed", True):
-            self.close_now()
+            self.close_now(blocking=False)

@@ -175,13 +175,20 @@ class CollectorLifecycle(BackgroundMixin):
         with anyio.CancelScope(shield=True):
             await self._close_resources()
 
+    def _finalize(self) -> bool:
+        """Close synchronously, without waiting on anything (garbage collection); True if it was open."""
+        if not getattr(self, "_started", False) or self._closed:
+            return False
+        self._closed = True
+        self._writer_done()
+        self._stop_requested()
+        self._close_now()
+        return True
+
     def __del__(self) -> None:
         if getattr(self, "_started", False) and not self._closed:
-            self._closed = True
-            self._writer_done()
-            self._stop_requested()
             warnings.warn(f"unclosed {self!r}; use 'async with' or call aclose()", ResourceWarning, stacklevel=1)
-            self._close_now()
+            self._finalize()
 
     def _writer_done(self) -> None:
         """Tell the replay buffer this collector will write no more (once)."""

@@ -14,12 +14,14 @@ Two things make a blocking twin safe to Ctrl-C, which anyio's portal alone does 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import inspect
 import os
 import select
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
@@ -30,7 +32,7 @@ import anyio
 import torch
 from anyio.from_thread import BlockingPortal
 
-from ._loops import in_event_loop
+from ._loops import current_scheduler, in_event_loop
 from ._threads import adopt_torch_threads
 
 __all__ = ["Portal"]
@@ -40,6 +42,8 @@ T = TypeVar("T")
 # How long stopping the portal waits for its loop's worker threads to return. A worker that
 # is still busy after this is stuck in user code the collector already gave up on.
 _WORKER_JOIN_TIMEOUT = 5.0
+# At interpreter exit, how long portals left running get to wind down (see _stop_at_exit).
+EXIT_GRACE = 2.0
 
 
 async def _adopting(n: int, fn: Callable[..., Any], *args: Any) -> Any:
@@ -148,6 +152,7 @@ class Portal:
         self._thread: threading.Thread | None = None
         self._portal: BlockingPortal | None = None
         self._wakeup: _Wakeup | None = None
+        self._cancel: Callable[[], None] | None = None  # stops the loop without waiting
         self._lock = threading.Lock()
 
     def _check(self) -> None:
@@ -163,7 +168,8 @@ class Portal:
         with self._lock:
             if self._portal is None:
                 self._wakeup = _Wakeup()
-                self._portal, self._thread = _start_portal_thread(f"{self._names[0]} portal")
+                self._portal, self._thread, self._cancel = _start_portal_thread(f"{self._names[0]} portal")
+                _RUNNING.add(self)
             return self._portal
 
     def call(self, fn: Callable[..., Any], *args: Any, interruptible: bool = True) -> Any:
@@ -204,7 +210,7 @@ class Portal:
         self._check()
         with self._lock:
             portal, thread, wakeup = self._portal, self._thread, self._wakeup
-            self._portal = self._thread = self._wakeup = None
+            self._portal = self._thread = self._wakeup = self._cancel = None
         if portal is None or thread is None or wakeup is None:
             return
         try:
@@ -215,6 +221,42 @@ class Portal:
             wakeup.close()
         if guard.interrupted:
             raise KeyboardInterrupt
+
+
+    def stop_nowait(self) -> None:
+        """Tell the portal's loop to cancel everything and end, without waiting (finalizers).
+
+        Whatever runs in the loop is cancelled; an open ``with`` block's teardown then runs
+        in the portal's own thread. Nothing here waits on that thread or takes its lock, so
+        it is safe from ``__del__``, at interpreter exit and from any thread.
+        """
+        portal, cancel, wakeup = self._portal, self._cancel, self._wakeup
+        self._portal = self._thread = self._cancel = self._wakeup = None
+        if portal is None or cancel is None:
+            return
+        cancel()
+        if wakeup is not None:
+            wakeup.close()
+
+
+_RUNNING: weakref.WeakSet[Portal] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_at_exit() -> None:
+    # A portal nobody stopped (a collector left running in the background, say) is cancelled
+    # here, before the interpreter finalizes: its teardown then runs while Python still can.
+    # A daemon thread still inside torch's C++ code when finalization starts is ended by a
+    # forced unwind, which aborts the whole process ("terminate called without an active
+    # exception"). The wait is bounded by EXIT_GRACE, so exit can never hang on it.
+    deadline = time.monotonic() + EXIT_GRACE
+    threads = []
+    for portal in list(_RUNNING):
+        threads.append(portal._thread)
+        portal.stop_nowait()
+    for thread in threads:
+        if thread is not None:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class _BlockingContext(AbstractContextManager[Any]):
@@ -276,17 +318,27 @@ class _BlockingContext(AbstractContextManager[Any]):
         return self._done.result()
 
 
-def _start_portal_thread(name: str) -> tuple[BlockingPortal, threading.Thread]:
+def _start_portal_thread(name: str) -> tuple[BlockingPortal, threading.Thread, Callable[[], None]]:
     # Unlike anyio.from_thread.start_blocking_portal (a ThreadPoolExecutor thread, which the
     # interpreter joins at exit), this thread is a daemon: a script that forgets shutdown()
     # still exits instead of hanging. Worker processes are daemonic too and die with it.
-    ready: Future[BlockingPortal] = Future()
+    ready: Future[tuple[BlockingPortal, Callable[[], None]]] = Future()
     workers: list[threading.Thread] = []
 
     async def main() -> None:
-        async with BlockingPortal() as portal:
-            ready.set_result(portal)
-            await portal.sleep_until_stopped()
+        with anyio.CancelScope() as scope:
+            schedule = current_scheduler()
+            assert schedule is not None
+
+            def cancel() -> None:
+                try:
+                    schedule(scope.cancel)  # never waits: the loop picks it up when it can
+                except RuntimeError:  # the loop has already closed
+                    pass
+
+            async with BlockingPortal() as portal:
+                ready.set_result((portal, cancel))
+                await portal.sleep_until_stopped()
         # anyio tells this loop's worker threads to exit when the loop ends, but does not
         # wait for them; they are the threads that carry this loop in their ``loop`` attribute.
         loop = asyncio.get_running_loop()
@@ -307,4 +359,5 @@ def _start_portal_thread(name: str) -> tuple[BlockingPortal, threading.Thread]:
 
     thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
-    return ready.result(), thread
+    portal, cancel = ready.result()
+    return portal, thread, cancel

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
+import time
+import weakref
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -16,6 +19,8 @@ from ._loops import current_scheduler
 __all__ = ["ThreadLane", "adopt_torch_threads", "to_thread"]
 
 T = TypeVar("T")
+
+_EXIT_GRACE = 2.0  # seconds lanes left running get, at interpreter exit, to leave a call
 
 
 def adopt_torch_threads(n: int) -> None:
@@ -60,7 +65,9 @@ class ThreadLane:
     """
 
     def __init__(self, name: str = "aiocollect lane") -> None:
+        _LANES.add(self)
         self.stop = threading.Event()
+        self._exiting = False  # the interpreter is exiting: run nothing more
         self._name = name
         self._busy = threading.Lock()  # held by the thread while a call runs
         self._generation = 0
@@ -82,7 +89,7 @@ class ThreadLane:
             with self._busy:
                 try:
                     # A call whose caller was cancelled before the thread picked it up must not run.
-                    if check_stale and (generation != self._generation or self.stop.is_set()):
+                    if self._exiting or (check_stale and (generation != self._generation or self.stop.is_set())):
                         raise _StaleCall
                     pending.value = _adopting(threads, fn, *args)
                 except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
@@ -111,6 +118,13 @@ class ThreadLane:
     def idle(self) -> bool:
         return not self._busy.locked()
 
+    def wait_idle_blocking(self, timeout: float) -> bool:
+        """Block the calling thread until no call runs, for at most ``timeout`` seconds."""
+        if self._busy.acquire(timeout=timeout):
+            self._busy.release()
+            return True
+        return False
+
     async def wait_idle(self, timeout: float | None) -> bool:
         """Wait until no call is running; return False if ``timeout`` expired first."""
         if self.idle:
@@ -134,6 +148,24 @@ class ThreadLane:
         await self.run_final(lambda: None)  # the queue is empty now: only the exit remains
         self.close()
         thread.join(1.0)  # microseconds: the thread's last statement has already run
+
+
+_LANES: weakref.WeakSet[ThreadLane] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_lanes_at_exit() -> None:
+    # A lane left running (a collector nobody closed) should be out of torch's C++ code before
+    # the interpreter finalizes: a daemon thread that re-enters Python then is ended by a
+    # forced unwind, which aborts the process when it crosses C++ frames. Stopping makes the
+    # rollout return at its next step, and the wait for that is bounded, so exit never hangs.
+    lanes = list(_LANES)
+    for lane in lanes:
+        lane._exiting = True
+        lane.stop.set()
+    deadline = time.monotonic() + _EXIT_GRACE
+    for lane in lanes:
+        lane.wait_idle_blocking(max(0.0, deadline - time.monotonic()))
 
 
 class _Pending(Generic[T]):

@@ -7,6 +7,7 @@ running event loop: use the async classes there.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -193,7 +194,11 @@ class ReplayBuffer:
         return repr(self._async).replace("<ReplayBuffer", "<blocking.ReplayBuffer", 1)
 
     def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - nothing can be raised from __del__
-            pass
+        # Never wait here (see DataCollectorBase.__del__): warn, free without blocking.
+        inner, portal = getattr(self, "_async", None), getattr(self, "_portal", None)
+        if inner is None or portal is None:
+            return
+        if not inner.closed:
+            warnings.warn(f"unclosed {self!r}; use 'with' or call close()", ResourceWarning, stacklevel=1)
+            inner.close_now(blocking=False)
+        portal.stop_nowait()

@@ -11,10 +11,11 @@ import textwrap
 import threading
 from pathlib import Path
 
+import anyio
 import pytest
 
 from aiocollect import Collector, SyncDataCollector
-from aiocollect.testing import CountingEnv
+from aiocollect.testing import CountingEnv, HangingEnv
 
 SCRIPT = textwrap.dedent(
     """
@@ -110,3 +111,81 @@ def test_ctrl_c_at_any_point_raises_once_and_leaves_nothing_running() -> None:
         assert env.closed, at_step  # a second Ctrl-C during teardown does not cut it short
         assert set(threading.enumerate()) - before == set(), at_step
 
+
+
+EXIT_SCRIPT = textwrap.dedent(
+    """
+    import sys, threading
+    import torch
+    from tensordict import TensorDict
+    from aiocollect import SyncDataCollector, blocking
+    from aiocollect.testing import CountingEnv, HangingEnv
+
+    mode = sys.argv[1]
+    rb = blocking.ReplayBuffer(10_000, batch_size=4, min_size=8)
+    if mode == "buffer":  # a sample that waits runs through the buffer's portal thread
+        threading.Timer(0.1, rb.extend, [TensorDict(observation=torch.arange(8.0), batch_size=[8])]).start()
+        rb.sample()
+    elif mode == "background":  # collecting in the background when the script ends
+        collector = SyncDataCollector(lambda: CountingEnv(4), frames_per_batch=64, replay_buffer=rb)
+        collector.start()
+        rb.sample()
+    elif mode == "iterating":  # a blocking collector iterated by hand, never shut down
+        collector = SyncDataCollector(lambda: CountingEnv(4), frames_per_batch=64)
+        next(iter(collector))
+    elif mode == "stuck":  # the env's step never returns
+        collector = SyncDataCollector(lambda: HangingEnv(1, hang_at=3), frames_per_batch=2, shutdown_timeout=0.5)
+        it = iter(collector)
+        next(it)
+        threading.Thread(target=next, args=(it,), daemon=True).start()
+    print("leaving without closing anything", flush=True)
+    """
+)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["buffer", "background", "iterating", "stuck"])
+def test_a_script_that_leaves_blocking_objects_open_still_exits(tmp_path: Path, mode: str) -> None:
+    # Finalizers and exit hooks must never wait on a portal (they used to deadlock in
+    # Future.result() at interpreter exit) and daemon threads must be out of torch's C++
+    # code before the interpreter finalizes (or the process aborts).
+    script = tmp_path / "script.py"
+    script.write_text(EXIT_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, "-X", "faulthandler", str(script), mode], capture_output=True,
+                          text=True, env=env, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "leaving without closing anything\n"
+
+
+@pytest.mark.anyio
+async def test_asyncio_collector_with_a_stuck_env_lets_the_loop_end() -> None:
+    # The stuck step runs on a daemon thread the collector owns: leaving 'async with' warns
+    # and returns within shutdown_timeout, and nothing joins that thread at exit.
+    env = HangingEnv(1, hang_at=3)
+    try:
+        with pytest.warns(RuntimeWarning, match=r"^the env did not finish its step and close within shutdown_timeout=0.5s"):
+            with anyio.move_on_after(0.5):
+                async with Collector(lambda: env, frames_per_batch=2, shutdown_timeout=0.5) as c:
+                    async for _ in c:
+                        pass
+        lanes = [t for t in threading.enumerate() if t.name == "aiocollect lane"]
+        assert lanes and all(t.daemon for t in lanes)
+    finally:
+        env.release.set()  # let the thread go, so the test leaves nothing running
+
+
+def test_unclosed_blocking_buffer_warns_and_frees_without_waiting() -> None:
+    from aiocollect import blocking
+
+    rb = blocking.ReplayBuffer(100, batch_size=2)
+    rb.wait_for(0)  # starts the portal thread
+    portal_threads = [t for t in threading.enumerate() if t.name.endswith("ReplayBuffer portal")]
+    assert len(portal_threads) == 1
+    inner = rb._async
+    with pytest.warns(ResourceWarning, match=r"^unclosed <blocking\.ReplayBuffer"):
+        del rb
+        gc.collect()
+    assert inner.closed
+    portal_threads[0].join(5)
+    assert not portal_threads[0].is_alive()
