@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import warnings
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from functools import partial
 from types import TracebackType
@@ -25,6 +27,23 @@ async def _anext_or_end(iterator: Any) -> Any:
         return _END
 
 
+def twin_init(cls: type, async_cls: type, init: Callable[..., None]) -> Callable[..., None]:
+    """An ``__init__`` for blocking twin ``cls`` that calls ``init`` and shows ``async_cls``'s signature.
+
+    ``help()``, ``inspect.signature`` and IDEs that read ``__signature__`` then list the
+    real arguments instead of ``*args, **kwargs``.
+    """
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+
+    __init__.__signature__ = inspect.signature(async_cls.__init__)  # type: ignore[attr-defined]
+    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
+    __init__.__module__ = cls.__module__
+    __init__.__doc__ = f"Takes the arguments of `{async_cls.__module__}.{async_cls.__qualname__}`."
+    return __init__
+
+
 class DataCollectorBase:
     """Base class of every blocking collector: a thin portal over one async collector.
 
@@ -41,6 +60,11 @@ class DataCollectorBase:
     """
 
     _async_class: ClassVar[type[Any]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "_async_class" in cls.__dict__:
+            cls.__init__ = twin_init(cls, cls._async_class, DataCollectorBase.__init__)  # type: ignore[method-assign]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._async = self._async_class(*args, **kwargs)

@@ -7,6 +7,7 @@ together, in worker order (sync), or whichever worker finishes first (async).
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -302,3 +303,9 @@ class AsyncCollector(MultiAsyncCollector):
 
 for _cls in (MultiSyncCollector, MultiAsyncCollector):
     _cls.__doc__ = (_cls.__doc__ or "").replace("{args}", _ARGS_DOC)
+
+# AsyncCollector takes MultiAsyncCollector's arguments less num_workers: say so to help() and IDEs.
+_sig = inspect.signature(_MultiCollector.__init__)
+AsyncCollector.__init__.__signature__ = _sig.replace(  # type: ignore[attr-defined]
+    parameters=[p for name, p in _sig.parameters.items() if name != "num_workers"]
+)

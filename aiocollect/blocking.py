@@ -15,6 +15,7 @@ from tensordict import TensorDictBase
 
 from . import _buffer, _collector, _multi
 from ._blocking_base import DataCollectorBase
+from ._blocking_base import twin_init as _twin_init
 from ._errors import WouldBlock as _WouldBlock
 from ._portal import Portal as _Portal
 from ._stats import BufferStats as _BufferStats
@@ -202,3 +203,6 @@ class ReplayBuffer:
             warnings.warn(f"unclosed {self!r}; use 'with' or call close()", ResourceWarning, stacklevel=1)
             inner.close_now(blocking=False)
         portal.stop_nowait()
+
+
+ReplayBuffer.__init__ = _twin_init(ReplayBuffer, _buffer.ReplayBuffer, ReplayBuffer.__init__)  # type: ignore[method-assign]

@@ -190,3 +190,27 @@ def test_installed_version_matches_source() -> None:
     except importlib.metadata.PackageNotFoundError:
         pytest.skip("aiocollect is not installed (running from a bare checkout)")
     assert installed == __version__
+
+
+TWINS = ["Collector", "MultiSyncCollector", "MultiAsyncCollector", "AsyncCollector", "ReplayBuffer"]
+
+
+@pytest.mark.parametrize("name", TWINS)
+def test_blocking_twins_show_the_async_signature(name: str) -> None:
+    import aiocollect
+    import aiocollect.blocking
+
+    async_cls, twin = getattr(aiocollect, name), getattr(aiocollect.blocking, name)
+    sig = inspect.signature(twin)
+    assert sig == inspect.signature(async_cls)
+    kinds = {p.kind for p in sig.parameters.values()}
+    assert inspect.Parameter.VAR_KEYWORD not in kinds and inspect.Parameter.VAR_POSITIONAL not in kinds
+    assert "create_env_fn" in sig.parameters or "capacity" in sig.parameters
+
+
+def test_async_collector_signature_is_multiasync_less_num_workers() -> None:
+    import aiocollect
+
+    multi = inspect.signature(aiocollect.MultiAsyncCollector).parameters
+    single = inspect.signature(aiocollect.AsyncCollector).parameters
+    assert list(single) == [n for n in multi if n != "num_workers"]
