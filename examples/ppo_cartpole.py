@@ -44,7 +44,7 @@ class Args:
     env_id: str = arg("CartPole-v1", "gymnasium environment id")
     num_envs: int = arg(8, "number of envs in the synchronous gymnasium vector env")
     frames_per_batch: int = arg(1024, "frames per collected batch (num_envs * steps per env)")
-    total_frames: int = arg(500_000, "frame budget of the whole run")
+    total_frames: int = arg(512_000, "frame budget of the whole run (a multiple of frames_per_batch)")
     target_return: float = arg(450.0, "stop once the mean return of the last episodes reaches this")
     return_window: int = arg(20, "number of most recent episodes the mean return is taken over")
     learning_rate: float = arg(1e-3, "Adam learning rate")

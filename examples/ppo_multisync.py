@@ -47,7 +47,7 @@ class Args:
     num_workers: int = arg(2, "worker processes, each stepping its own vector env")
     num_envs: int = arg(4, "envs in each worker's synchronous gymnasium vector env")
     frames_per_batch: int = arg(1024, "frames per batch over all workers (num_workers * num_envs * T)")
-    total_frames: int = arg(500_000, "frame budget of the whole run")
+    total_frames: int = arg(512_000, "frame budget of the whole run (a multiple of frames_per_batch)")
     target_return: float = arg(450.0, "stop once the mean return of the last episodes reaches this")
     return_window: int = arg(20, "number of most recent episodes the mean return is taken over")
     learning_rate: float = arg(1e-3, "Adam learning rate")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import runpy
 import subprocess
 import sys
 import threading
@@ -149,8 +150,33 @@ def test_example_runs_at_tiny_size(path: Path) -> None:
 
     report = f"exit code {proc.returncode}\n--- stdout ---\n{proc.stdout}\n--- stderr (tail) ---\n{proc.stderr[-3000:]}"
     assert proc.returncode == 0, report
+    assert "Warning" not in proc.stderr, report  # an example's own settings must not warn
     lines = proc.stdout.strip().splitlines()
     assert len(lines) >= 2, report
     assert re.search(rf"\bafter {total_frames} frames\b", lines[-2]), report
     assert lines[-1].startswith("final mean return"), report
     assert not leaked, f"examples/{path.name} left processes behind:\n  " + "\n  ".join(leaked)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_example_defaults_spend_the_budget_in_whole_batches(path: Path) -> None:
+    # The examples' defaults are what a newcomer runs first: they must not warn that the
+    # last batch overshoots total_frames.
+    args = runpy.run_path(str(path), run_name="example_under_test")["Args"]()
+    assert args.total_frames % args.frames_per_batch == 0, (args.total_frames, args.frames_per_batch)
+
+
+def readme_snippets() -> list[str]:
+    """The README's self-contained Python snippets (those that start with an import)."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    return [b for b in blocks if b.startswith(("import ", "from "))]
+
+
+@pytest.mark.timeout(RUN_TIMEOUT + 30)
+@pytest.mark.parametrize("snippet", readme_snippets(), ids=lambda b: b.splitlines()[-1][:40])
+def test_readme_snippet_runs_and_prints_something_to_learn_from(snippet: str) -> None:
+    proc = subprocess.run([sys.executable, "-W", "error", "-c", snippet], capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert len(set(lines)) == len(lines), proc.stdout  # no line repeated verbatim (it printed tensor(256.) x8)
