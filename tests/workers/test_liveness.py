@@ -101,3 +101,44 @@ def test_worker_timeout_is_validated_before_anything_starts() -> None:
         MultiSyncCollector(healthy, num_workers=2, frames_per_batch=8, worker_timeout=0)
     with pytest.raises(TypeError, match=r"^worker_timeout must be a positive number of seconds or None, got '5'$"):
         MultiAsyncCollector(healthy, num_workers=2, frames_per_batch=8, worker_timeout="5")
+
+
+# -- one rule for several failures -----------------------------------------------------------------
+
+
+def fails_at_first_step() -> Any:
+    from aiocollect.testing import FailingEnv
+
+    return FailingEnv(1, fail_at=1)
+
+
+def fails_to_build() -> Any:
+    raise RuntimeError("this env cannot be built")
+
+
+@pytest.mark.parametrize("factory", [fails_at_first_step, fails_to_build])
+async def test_the_same_bug_in_every_worker_raises_one_worker_error(factory: Any) -> None:
+    # Whether one or both failures have arrived when the error is raised depends on timing;
+    # the type does not: always a WorkerError (never an ExceptionGroup), the lowest id first.
+    with anyio.fail_after(60), pytest.raises(WorkerError) as info:
+        async with MultiSyncCollector(factory, num_workers=2, frames_per_batch=4) as c:
+            async for _ in c:
+                pass
+    err = info.value
+    assert type(err) is WorkerError
+    assert all(type(o) is WorkerError for o in err.others)
+    ids = [err.worker_id, *(o.worker_id for o in err.others)]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    if err.others:
+        assert "other workers failed too:" in err.__notes__[0]
+
+
+def test_first_failure_orders_by_worker_and_attaches_the_rest() -> None:
+    from aiocollect import WorkerCrashedError
+    from aiocollect._errors import first_failure
+
+    crash, raised = WorkerCrashedError(2, 20, -9), WorkerError(1, 10, 5, "ValueError: boom")
+    err = first_failure([crash, raised])
+    assert err is raised and err.others == (crash,)
+    assert err.__notes__ == ["other workers failed too:\n  WorkerCrashedError: worker 2 (pid 20) killed by SIGKILL"]
+    assert first_failure([crash]) is crash and crash.others == ()
