@@ -8,7 +8,6 @@ collector and a trainer may run on different event loops or threads.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -213,9 +212,8 @@ class ReplayBuffer(ReservationsMixin, BufferPersistence):
         self._notifier.notify_all()
 
     async def _wait(self, predicate: Callable[[], bool]) -> float:
-        start = time.perf_counter()
-        await self._notifier.wait_until(predicate)
-        return time.perf_counter() - start
+        """Wait for ``predicate``; return the seconds spent blocked on it (0.0 if it held at once)."""
+        return await self._notifier.wait_until(predicate)
 
     # -- writing -------------------------------------------------------------------------------
     def _frames_of(self, td: TensorDictBase) -> tuple[int, tuple[int, ...], int]:
@@ -378,7 +376,8 @@ class ReplayBuffer(ReservationsMixin, BufferPersistence):
             except BufferEmptyError:
                 # The sampler needs more than is stored (e.g. a whole slice): wait for a write.
                 waited = await self._wait(lambda w=written: self._written > w or self._error is not None or self._closed)
-                self._sample_wait += waited
+                with self._lock:
+                    self._sample_wait += waited
 
     def sample_nowait(self, batch_size: int | None = None) -> TensorDictBase:
         """Sample without waiting (safe from any thread).

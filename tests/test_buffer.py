@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import anyio
@@ -119,6 +120,52 @@ async def test_sample_waits_for_min_size_then_returns() -> None:
             await rb.extend(frames(6, 6))
     assert got[0].shape == (4,)
     assert rb.stats().sample_wait_seconds > 0
+
+
+@pytest.mark.anyio
+async def test_wait_seconds_count_only_waiting_not_the_loop_running_other_tasks() -> None:
+    rb = ReplayBuffer(1000, batch_size=4, seed=0)
+    done = False
+
+    async def busy() -> None:  # another task that holds the loop ~2 ms at each turn
+        while not done:
+            deadline = time.perf_counter() + 0.002
+            while time.perf_counter() < deadline:
+                pass
+            await anyio.lowlevel.checkpoint()
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(busy)
+            for i in range(25):  # neither call ever has to wait ...
+                await rb.extend(frames(4 * i, 4))
+                await rb.sample()
+            done = True
+    stats = rb.stats()
+    assert stats.sample_count == 100  # ... though each yielded to busy() once (~50 ms each side)
+    assert stats.sample_wait_seconds == 0.0 and stats.insert_wait_seconds == 0.0
+
+
+@pytest.mark.anyio
+async def test_a_real_wait_is_counted_in_full() -> None:
+    rb = ReplayBuffer(100, batch_size=4, min_size=10)
+    got: list[TensorDict] = []
+
+    async def learner() -> None:
+        got.append(await rb.sample())
+
+    start = time.perf_counter()
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(learner)
+            await anyio.wait_all_tasks_blocked()
+            blocked = time.perf_counter()  # the learner is waiting for min_size by now
+            await rb.extend(frames(0, 6))
+            await anyio.wait_all_tasks_blocked()
+            released = time.perf_counter()  # it still waits: 6 < min_size
+            await rb.extend(frames(6, 6))
+    waited = rb.stats().sample_wait_seconds
+    assert len(got) == 1 and released - blocked <= waited <= time.perf_counter() - start
 
 
 @pytest.mark.anyio
