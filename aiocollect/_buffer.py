@@ -330,7 +330,7 @@ class ReplayBuffer(ReservationsMixin, BufferPersistence):
                 return None  # another sampler got there first
             index, info = self.sampler.sample(self._context(), batch_size, self._generator)
             td = self.storage.gather(index)
-            self._sampled += batch_size
+            self._sampled += index.numel()  # SliceSampler(strict_length=False) may return fewer
             versions = td.get(_POLICY_VERSION, None)
             if versions is not None and versions.numel():
                 lag = self._policy_version - versions
@@ -354,7 +354,9 @@ class ReplayBuffer(ReservationsMixin, BufferPersistence):
 
         Returns:
             A TensorDict ``[batch_size]`` with the stored keys, ``"index"`` (ring positions) and
-            the sampler's extras (``"_weight"`` for `PrioritizedSampler`).
+            the sampler's extras (``"_weight"`` for `PrioritizedSampler`,
+            ``("collector", "slice_ids")`` for `SliceSampler`, which with
+            ``strict_length=False`` may return fewer than ``batch_size`` frames).
 
         Raises:
             WorkerError: A collector feeding this buffer in the background failed.

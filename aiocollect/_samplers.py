@@ -1,4 +1,7 @@
-"""Replay-buffer index samplers: pure, synchronous choices over ``capacity`` frame indices."""
+"""Replay-buffer index samplers: pure, synchronous choices over ``capacity`` frame indices.
+
+`PrioritizedSampler` lives in ``_prioritized.py`` and `SliceSampler` in ``_slices.py``.
+"""
 
 from __future__ import annotations
 
@@ -18,11 +21,10 @@ __all__ = (
     "SampleContext",
     "Sampler",
     "SamplerWithoutReplacement",
-    "SliceSampler",
     "make_sampler",
 )
 
-_Batch = tuple[torch.Tensor, dict[str, torch.Tensor]]  # indices, per-item extras
+_Batch = tuple[torch.Tensor, dict[Any, torch.Tensor]]  # indices, per-item extras (str or nested keys)
 _EMPTY = "sample() called on an empty buffer; await buffer.wait_for(n) first"
 # Rejection rounds before an exact O(size) fallback; few frames are ever reserved at once.
 _ROUNDS = 8
@@ -107,15 +109,17 @@ class Sampler(ABC):
 
     @abstractmethod
     def sample(self, ctx: SampleContext, batch_size: int, generator: torch.Generator) -> _Batch:
-        """Choose ``batch_size`` frame indices.
+        """Choose frame indices.
 
         Args:
             ctx: What the buffer currently holds.
-            batch_size: Number of indices to return.
+            batch_size: Number of indices to return (`SliceSampler` with
+                ``strict_length=False`` may return fewer).
             generator: The only source of randomness.
 
         Returns:
-            int64 indices ``[batch_size]`` and a dict of extra ``[batch_size]`` tensors.
+            int64 indices ``[n]`` and a dict of extra ``[n]`` tensors (keys: strings or
+            nested tuples), ``n`` being ``batch_size`` unless the sampler documents otherwise.
 
         Raises:
             BufferEmptyError: Nothing may be sampled.
@@ -249,95 +253,6 @@ class SamplerWithoutReplacement(Sampler):
     def _load(self, state: Mapping[str, Any]) -> None:
         self._perm, self._pos = state["perm"].clone(), int(state["pos"])
         self._stale = state["stale"].clone()
-
-
-class SliceSampler(Sampler):
-    """Runs of consecutive frames from single trajectories (TorchRL's `SliceSampler`).
-
-    Returns ``num_slices`` runs of ``slice_len`` consecutive indices, concatenated in time
-    order (give one; the other is ``batch_size`` divided by it). A slice never crosses an
-    invalid frame, a change of ``ctx.traj_ids`` or ``ctx.worker_ids``, a storage row or the
-    end of the index space. Starts are uniform over all possible ones. Info is empty.
-
-    Args:
-        slice_len: Frames per slice.
-        num_slices: Slices per batch.
-        strict_length: Reserved: only full-length slices are returned either way.
-
-    Raises:
-        TypeError: An argument has the wrong type.
-        ValueError: Not exactly one of ``slice_len`` and ``num_slices`` is given, or it is < 1.
-
-    Examples:
-        >>> traj = torch.tensor([7, 7, 7, 7, 8, 8])  # trajectory 8 is too short
-        >>> ctx = SampleContext(torch.ones(6, dtype=torch.bool), 6, 6, traj, None, None)
-        >>> SliceSampler(slice_len=3).sample(ctx, 6, torch.Generator().manual_seed(0))[0]
-        tensor([0, 1, 2, 1, 2, 3])
-    """
-
-    def __init__(
-        self,
-        *,
-        slice_len: int | None = None,
-        num_slices: int | None = None,
-        strict_length: bool = True,
-    ) -> None:
-        if (slice_len is None) == (num_slices is None):
-            rule = "exactly one of slice_len and num_slices must be given"
-            raise ValueError(f"{rule}, got {slice_len=} and {num_slices=}")
-        self.slice_len = None if slice_len is None else _check("slice_len", slice_len, _INT)
-        self.num_slices = None if num_slices is None else _check("num_slices", num_slices, _INT)
-        self.strict_length = _check("strict_length", strict_length, _BOOL)
-
-    def sample(self, ctx: SampleContext, batch_size: int, generator: torch.Generator) -> _Batch:
-        """Draw slices of consecutive frames; see `Sampler.sample`.
-
-        Raises:
-            ValueError: ``batch_size`` is not divisible, or ``ctx.traj_ids`` is None.
-            BufferEmptyError: The buffer is empty, or no slice fits in what is stored.
-        """
-        given = self.slice_len or self.num_slices
-        if _check("batch_size", batch_size, _INT) % given:
-            by = "slice_len" if self.slice_len else "num_slices"
-            raise ValueError(f"batch_size {batch_size} is not divisible by {by} {given}")
-        length = self.slice_len or batch_size // given
-        if ctx.traj_ids is None:
-            need = "SliceSampler needs ('collector', 'traj_ids') in the stored data"
-            raise ValueError(f"{need}; collect with track_traj_ids=True")
-        if ctx.num_valid <= 0:
-            raise BufferEmptyError(_EMPTY)
-        offsets, todo = torch.arange(length), torch.arange(batch_size // length)
-        starts = torch.empty(todo.numel(), dtype=torch.int64)
-        high = ctx.size - length + 1  # starts lie in [0, high)
-        for rnd in range(_ROUNDS if high > 0 else 0):
-            # Oversample more each round, so low acceptance (short trajectories) stays cheap.
-            cand = torch.randint(high, (todo.numel() << min(rnd, 5),), generator=generator)
-            window = cand.unsqueeze(1) + offsets
-            ok = ctx.valid[window] & (ctx.traj_ids[window] == ctx.traj_ids[cand].unsqueeze(1))
-            if ctx.worker_ids is not None:
-                ok &= ctx.worker_ids[window] == ctx.worker_ids[cand].unsqueeze(1)
-            if ctx.row_length is not None:
-                ok &= window // ctx.row_length == (cand // ctx.row_length).unsqueeze(1)
-            hit = cand[ok.all(1)][: todo.numel()]
-            starts[todo[: hit.numel()]], todo = hit, todo[hit.numel() :]
-            if todo.numel() == 0:
-                break
-        else:
-            # Exact: s is a start iff valid and no run break among frames s+1 .. s+length-1.
-            size, valid, traj = ctx.size, ctx.valid[: ctx.size], ctx.traj_ids
-            cont = valid[1:] & valid[:-1] & (traj[1:size] == traj[: size - 1])  # i continues i-1
-            if ctx.worker_ids is not None:
-                cont &= ctx.worker_ids[1:size] == ctx.worker_ids[: size - 1]
-            if ctx.row_length is not None:
-                cont &= torch.arange(1, size) % ctx.row_length != 0
-            breaks = torch.cat([torch.zeros(1, dtype=torch.int64), (~cont).long().cumsum(0)])
-            good = valid[: max(high, 0)] & (breaks[length - 1 : size] == breaks[: max(high, 0)])
-            pool = good.nonzero().squeeze(1)
-            if pool.numel() == 0:
-                none = f"no trajectory segment of {length} consecutive frames is stored yet"
-                raise BufferEmptyError(f"{none}; collect more or lower slice_len")
-            starts[todo] = pool[torch.randint(pool.numel(), (todo.numel(),), generator=generator)]
-        return (starts.unsqueeze(1) + offsets).reshape(-1), {}
 
 
 def make_sampler(spec: Sampler | str | None) -> Sampler:

@@ -55,7 +55,8 @@ class BufferStats:
         size: Frames stored and available to sample (``len(buffer)``).
         capacity: Frames the storage holds (0 until the first batch arrives).
         write_count: Frames ever committed.
-        sample_count: Frames ever sampled (``batch_size`` per call).
+        sample_count: Frames ever sampled (``batch_size`` per call, fewer where a
+            ``SliceSampler(strict_length=False)`` returned fewer).
         in_flight: Frames reserved by writers and not yet committed.
         samples_per_insert: Observed ratio of sampled to inserted frames beyond ``min_size``.
         insert_wait_seconds: Total time writers waited on the rate limiter or capacity

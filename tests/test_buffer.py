@@ -15,6 +15,7 @@ from aiocollect import (
     BufferClosedError,
     BufferEmptyError,
     MemmapStorage,
+    MemoryStorage,
     PrioritizedSampler,
     ReplayBuffer,
     SamplerWithoutReplacement,
@@ -22,6 +23,7 @@ from aiocollect import (
     SliceSampler,
     WouldBlock,
     blocking,
+    split_trajectories,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -286,6 +288,54 @@ async def test_slice_sampler_waits_until_a_whole_slice_is_stored() -> None:
     obs = got[0]["observation"][:, 0].reshape(2, 4)
     assert torch.equal(obs - obs[:, :1], torch.arange(4.0).expand(2, 4))  # consecutive frames
     assert (got[0]["collector", "traj_ids"] == 2).all()
+
+
+@pytest.mark.anyio
+async def test_slice_sampler_not_strict_returns_short_trajectories_split_by_slice_ids() -> None:
+    rb = ReplayBuffer(100, batch_size=12, sampler=SliceSampler(slice_len=4, strict_length=False), seed=0)
+    await rb.extend(frames(0, 2, traj=1))  # shorter than a slice: sampled whole
+    await rb.extend(frames(2, 5, traj=2))  # two possible slices, [2..5] and [3..6]
+    strict = ReplayBuffer(100, batch_size=12, sampler=SliceSampler(slice_len=4), seed=0)
+    await strict.extend(frames(0, 2, traj=1))
+    await strict.extend(frames(2, 5, traj=2))
+    seen: set[tuple[float, ...]] = set()
+    for _ in range(30):
+        with anyio.fail_after(10):
+            batch = await rb.sample()
+        # split_trajectories on the slice ids: one row per slice, even two adjacent slices of trajectory 2
+        rows = split_trajectories(batch, trajectory_key=("collector", "slice_ids"))
+        lengths = rows["collector", "mask"].sum(-1)
+        assert rows.shape[0] == 3 and batch.numel() == int(lengths.sum()) <= 12
+        for row, n in zip(rows, lengths.tolist(), strict=True):
+            obs = row["observation"][:n, 0]
+            assert torch.equal(obs - obs[0], torch.arange(float(n)))  # consecutive frames
+            assert row["collector", "traj_ids"][:n].unique().numel() == 1
+            seen.add(tuple(obs.tolist()))
+        assert (await strict.sample())["collector", "slice_ids"].tolist() == [0] * 4 + [1] * 4 + [2] * 4
+    assert seen == {(0.0, 1.0), (2.0, 3.0, 4.0, 5.0), (3.0, 4.0, 5.0, 6.0)}
+
+
+@pytest.mark.anyio
+async def test_slice_sampler_not_strict_with_ndim2_rows_shorter_than_a_slice() -> None:
+    # [2 envs, 3 steps] rollouts: every row is a segment of 3 frames, shorter than slice_len 4.
+    loose = ReplayBuffer(12, batch_size=8, storage=MemoryStorage(ndim=2), seed=0,
+                         sampler=SliceSampler(slice_len=4, strict_length=False))  # fmt: skip
+    strict = ReplayBuffer(12, batch_size=8, storage=MemoryStorage(ndim=2), sampler=SliceSampler(slice_len=4))
+    for start in (0, 6, 12):  # the third rollout overwrites the first (the ring wraps)
+        rollout = frames(start, 6).reshape(2, 3)
+        rollout["collector", "traj_ids"] = torch.tensor([[start, start, start], [start + 1] * 3])
+        await loose.extend(rollout)
+        await strict.extend(rollout)
+    with pytest.raises(BufferEmptyError, match=r"^no trajectory segment of 4 consecutive frames"):
+        strict.sample_nowait()
+    rows: set[tuple[float, ...]] = set()
+    for _ in range(20):
+        with anyio.fail_after(10):
+            batch = await loose.sample()
+        assert batch["collector", "slice_ids"].tolist() == [0, 0, 0, 1, 1, 1]  # two whole rows
+        rows |= {tuple(part.tolist()) for part in batch["observation"][:, 0].split(3)}
+    assert rows == {(6.0, 7.0, 8.0), (9.0, 10.0, 11.0), (12.0, 13.0, 14.0), (15.0, 16.0, 17.0)}
+    assert loose.stats().sample_count == 20 * 6  # the frames returned, not batch_size
 
 
 @pytest.mark.anyio
