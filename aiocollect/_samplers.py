@@ -10,7 +10,7 @@ import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -72,7 +72,10 @@ class Sampler(ABC):
 
     The buffer calls `reset` first, then reports committed frames (`extend`) and frames about
     to be overwritten (`invalidate`). Subclasses implement `sample`, drawing all randomness
-    from its generator so that a seeded buffer is reproducible.
+    from its generator so that a seeded buffer is reproducible. A subclass with state of its
+    own returns it from ``_state()`` and restores it in ``_load(state)``; ``_params()``
+    returns the constructor arguments a saved state must match, and ``_state_problem(state)``
+    (extended with ``super()``) says what in a state does not fit, for `check_state_dict`.
 
     Examples:
         >>> class FirstFrames(Sampler):
@@ -84,6 +87,8 @@ class Sampler(ABC):
     """
 
     capacity: int | None = None
+    # The entries `_state` adds once reset; None (a custom sampler's default): not checked.
+    _state_keys: ClassVar[frozenset[str] | None] = None
 
     def reset(self, capacity: int) -> None:
         """Forget everything; called once the capacity is known and on buffer reset.
@@ -129,24 +134,87 @@ class Sampler(ABC):
         """Return everything needed to resume exactly (Python scalars and tensors).
 
         Returns:
-            A dict for `load_state_dict`; just ``{"capacity": None}`` before `reset`.
+            A dict for `load_state_dict`: ``"capacity"`` (None before `reset`), ``"params"``
+            (the constructor arguments, for samplers that take any) and, once reset, the
+            sampler's own state.
         """
-        return {"capacity": self.capacity, **(self._state() if self.capacity else {})}
+        params = self._params()
+        return {
+            "capacity": self.capacity,
+            **({"params": params} if params else {}),
+            **(self._state() if self.capacity else {}),
+        }
+
+    def check_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Check, changing nothing, that `load_state_dict` can restore ``state`` exactly.
+
+        A state saved without ``"params"`` (by an older aiocollect) fits if its entries do.
+
+        Args:
+            state: A dict from `state_dict`.
+
+        Raises:
+            TypeError: ``state`` is not a dict.
+            ValueError: ``state`` comes from a sampler of another class or created with other
+                arguments, or is malformed.
+        """
+        if not isinstance(state, Mapping):
+            raise TypeError(f"state must be a dict returned by state_dict(), got {type(state).__name__}")
+        problem = self._state_problem(state)
+        if problem is not None:
+            name = type(self).__name__
+            raise ValueError(f"{problem}; load a state_dict() of a {name} created with the same arguments")
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore the state returned by `state_dict` of the same sampler class.
 
         Args:
             state: A dict from `state_dict`.
+
+        Raises:
+            TypeError: As `check_state_dict`.
+            ValueError: As `check_state_dict`; the sampler is left unchanged.
         """
+        self.check_state_dict(state)
         if state["capacity"]:  # else it was saved before reset(): there is nothing to restore
             self.reset(state["capacity"])
             self._load(state)
+
+    def _params(self) -> dict[str, Any]:  # constructor arguments a saved state must match
+        return {}
 
     def _state(self) -> dict[str, Any]:  # a subclass's state beyond capacity, once reset()
         return {}
 
     def _load(self, state: Mapping[str, Any]) -> None: ...  # noqa: B027 - nothing by default
+
+    def _state_problem(self, state: Any) -> str | None:
+        """What in ``state`` does not fit this sampler (a clause for an error message), or None."""
+        name = type(self).__name__
+        if not isinstance(state, Mapping):
+            return f"the sampler state must be a dict, got {type(state).__name__}"
+        if "capacity" not in state:
+            return "the sampler state has no 'capacity' entry"
+        cap = state["capacity"]
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, numbers.Integral) or cap < 1):
+            return f"the sampler state's capacity must be None or an int >= 1, got {cap!r}"
+        saved, mine = state.get("params"), self._params()
+        if saved is not None and saved != mine:
+            if not isinstance(saved, Mapping) or set(saved) != set(mine):
+                what = sorted(saved) if isinstance(saved, Mapping) else repr(saved)
+                return f"the saved sampler took arguments {what}, a {name} takes {sorted(mine)}"
+            keys = [k for k in mine if saved[k] != mine[k]]
+            then = ", ".join(f"{k}={saved[k]!r}" for k in keys)
+            return f"the saved {name} had {then}, this one has {', '.join(f'{k}={mine[k]!r}' for k in keys)}"
+        if self._state_keys is not None:
+            needed = self._state_keys if cap else frozenset()
+            extra = sorted(set(state) - {"capacity", "params"} - needed)
+            if extra:
+                return f"the saved sampler state has entries {extra} that a {name} does not use"
+            missing = sorted(needed - set(state))
+            if missing:
+                return f"the saved sampler state lacks entries {missing} that a {name} needs"
+        return None
 
 
 class RandomSampler(Sampler):
@@ -160,6 +228,8 @@ class RandomSampler(Sampler):
         >>> bool((index < 4).all()), info
         (True, {})
     """
+
+    _state_keys = frozenset()
 
     def sample(self, ctx: SampleContext, batch_size: int, generator: torch.Generator) -> _Batch:
         """Draw uniformly with replacement; see `Sampler.sample`."""
@@ -202,9 +272,14 @@ class SamplerWithoutReplacement(Sampler):
         [[0, 1], [2, 3], [4, 0]]
     """
 
+    _state_keys = frozenset({"perm", "pos", "stale"})
+
     def __init__(self, drop_last: bool = False, shuffle: bool = True) -> None:
         self.drop_last = _check("drop_last", drop_last, _BOOL)
         self.shuffle = _check("shuffle", shuffle, _BOOL)
+
+    def _params(self) -> dict[str, Any]:
+        return {"drop_last": self.drop_last, "shuffle": self.shuffle}
 
     def reset(self, capacity: int) -> None:
         """Forget the current epoch; see `Sampler.reset`."""
@@ -253,6 +328,21 @@ class SamplerWithoutReplacement(Sampler):
     def _load(self, state: Mapping[str, Any]) -> None:
         self._perm, self._pos = state["perm"].clone(), int(state["pos"])
         self._stale = state["stale"].clone()
+
+    def _state_problem(self, state: Any) -> str | None:
+        problem = super()._state_problem(state)
+        if problem is not None or not state["capacity"]:
+            return problem
+        cap, perm, pos, stale = state["capacity"], state["perm"], state["pos"], state["stale"]
+        if not isinstance(perm, torch.Tensor) or perm.dtype != torch.int64 or perm.dim() != 1:
+            return f"the saved epoch order ('perm') must be a 1-D int64 tensor, got {perm!r}"
+        if perm.numel() and not (0 <= int(perm.min()) and int(perm.max()) < cap):
+            return f"the saved epoch order ('perm') must hold indices in [0, {cap})"
+        if isinstance(pos, bool) or not isinstance(pos, numbers.Integral) or not 0 <= pos <= perm.numel():
+            return f"the saved epoch position ('pos') must be an int in [0, {perm.numel()}], got {pos!r}"
+        if not isinstance(stale, torch.Tensor) or stale.dtype != torch.bool or tuple(stale.shape) != (cap,):
+            return f"the saved 'stale' mask must be a bool tensor [{cap}], got {stale!r}"
+        return None
 
 
 def make_sampler(spec: Sampler | str | None) -> Sampler:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ._errors import BufferEmptyError
@@ -53,6 +55,8 @@ class SliceSampler(Sampler):
         (tensor([4, 5, 1, 2, 3]), tensor([0, 0, 1, 1, 1]))
     """
 
+    _state_keys = frozenset()
+
     def __init__(
         self,
         *,
@@ -66,6 +70,10 @@ class SliceSampler(Sampler):
         self.slice_len = None if slice_len is None else _check("slice_len", slice_len, _INT)
         self.num_slices = None if num_slices is None else _check("num_slices", num_slices, _INT)
         self.strict_length = _check("strict_length", strict_length, _BOOL)
+
+    def _params(self) -> dict[str, Any]:
+        return {"slice_len": self.slice_len, "num_slices": self.num_slices,
+                "strict_length": self.strict_length}  # fmt: skip
 
     def sample(self, ctx: SampleContext, batch_size: int, generator: torch.Generator) -> _Batch:
         """Draw slices of consecutive frames; see `Sampler.sample` and the class docstring.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -253,6 +254,174 @@ async def test_memmap_dumps_loads_round_trip(tmp_path: Path) -> None:
     assert not os.path.exists(scratch)  # a temporary directory is removed on close
     with pytest.raises(FileNotFoundError, match=r"^no saved buffer in"):
         ReplayBuffer(50).loads(str(tmp_path / "missing"))
+
+
+SAMPLERS: dict[str, Callable[[], object]] = {
+    "random": lambda: None,
+    "without_replacement": SamplerWithoutReplacement,
+    "prioritized": lambda: PrioritizedSampler(alpha=1.0, beta=1.0),
+    "slice4": lambda: SliceSampler(slice_len=4),
+    "slice2": lambda: SliceSampler(slice_len=2),
+}
+_SAME = "; create the buffer with the same {} as the saved one$"
+SAMPLER_MISMATCHES = [  # (saved, loading into, saved by an older aiocollect, error)
+    ("prioritized", "random", False,
+     r"^the saved buffer was sampled by PrioritizedSampler, this one uses RandomSampler" + _SAME.format("sampler")),
+    ("random", "prioritized", False,
+     r"^the saved buffer was sampled by RandomSampler, this one uses PrioritizedSampler" + _SAME.format("sampler")),
+    ("random", "without_replacement", False,
+     r"^the saved buffer was sampled by RandomSampler, this one uses SamplerWithoutReplacement"
+     + _SAME.format("sampler")),
+    ("slice4", "random", False,
+     r"^the saved buffer was sampled by SliceSampler, this one uses RandomSampler" + _SAME.format("sampler")),
+    ("slice4", "slice2", False,
+     r"^the saved SliceSampler had slice_len=4, this one has slice_len=2" + _SAME.format("sampler arguments")),
+    ("prioritized", "random", True,
+     r"^the saved sampler state has entries \['max_priority', 'priorities'\] that a RandomSampler does not use"
+     + _SAME.format("sampler")),
+    ("random", "prioritized", True,
+     r"^the saved sampler state lacks entries \['max_priority', 'priorities'\] that a PrioritizedSampler needs"
+     + _SAME.format("sampler")),
+    ("random", "without_replacement", True,
+     r"^the saved sampler state lacks entries \['perm', 'pos', 'stale'\] that a SamplerWithoutReplacement needs"
+     + _SAME.format("sampler")),
+]  # fmt: skip
+
+
+def older_format(state: dict) -> dict:
+    """A state as aiocollect saved it before the sampler class and arguments were recorded."""
+    state = dict(state, sampler={k: v for k, v in state["sampler"].items() if k != "params"})
+    state.pop("sampler_class", None)
+    return state
+
+
+async def receiver(sampler: str, holds_frames: bool, **kw: object) -> ReplayBuffer:
+    rb = ReplayBuffer(20, batch_size=4, sampler=SAMPLERS[sampler](), seed=2, **kw)  # type: ignore[arg-type]
+    if holds_frames:
+        await rb.extend(frames(100, 6, traj=1))
+        await rb.sample()
+    return rb
+
+
+def assert_unchanged(rb: ReplayBuffer, twin: ReplayBuffer, holds_frames: bool) -> None:
+    """``rb`` (after a refused load) behaves exactly as ``twin`` (built the same way, never loaded into)."""
+    assert (len(rb), rb.write_count, rb.storage.built) == (6, 6, True) if holds_frames else (0, 0, False)
+    assert (len(rb), rb.write_count, rb.storage.built, rb.stats()) == (
+        len(twin), twin.write_count, twin.storage.built, twin.stats()
+    )
+    if not holds_frames:
+        with pytest.raises(BufferEmptyError):
+            rb.sample_nowait()
+        return
+    for _ in range(4):  # same sampler state and RNG state: the same samples
+        a, b = rb.sample_nowait(), twin.sample_nowait()
+        assert torch.equal(a["index"], b["index"]) and torch.equal(a["observation"], b["observation"])
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("holds_frames", [False, True], ids=["fresh", "holding-frames"])
+@pytest.mark.parametrize(("saved", "into", "older", "message"), SAMPLER_MISMATCHES)
+async def test_load_state_dict_refuses_another_sampler_and_changes_nothing(
+    saved: str, into: str, older: bool, message: str, holds_frames: bool
+) -> None:
+    src = ReplayBuffer(20, batch_size=4, sampler=SAMPLERS[saved](), seed=1)  # type: ignore[arg-type]
+    await src.extend(frames(0, 10))
+    state = older_format(src.state_dict()) if older else src.state_dict()
+    rb, twin = await receiver(into, holds_frames), await receiver(into, holds_frames)
+    with pytest.raises(ValueError, match=message):
+        rb.load_state_dict(state)
+    assert_unchanged(rb, twin, holds_frames)
+
+
+@pytest.mark.anyio
+async def test_loads_refuses_another_sampler_before_building_or_writing(tmp_path: Path) -> None:
+    src = ReplayBuffer(20, batch_size=4, sampler=PrioritizedSampler(alpha=1.0, beta=1.0), seed=1)
+    await src.extend(frames(0, 10))
+    src.dumps(str(tmp_path / "saved"))
+    rb = await receiver("random", False, storage=MemmapStorage(tmp_path / "mine"))
+    twin = await receiver("random", False)
+    with pytest.raises(ValueError, match=r"^the saved buffer was sampled by PrioritizedSampler, this one uses Random"):
+        rb.loads(str(tmp_path / "saved"))
+    assert_unchanged(rb, twin, False)
+    assert not (tmp_path / "mine").exists()  # the storage was not built
+    os.remove(tmp_path / "saved" / "frames" / "000-observation.bin")
+    rb = ReplayBuffer(20, batch_size=4, sampler=PrioritizedSampler(alpha=1.0, beta=1.0))
+    with pytest.raises(ValueError, match=r"^the saved buffer's frame files \['000-observation\.bin'\] are missing "):
+        rb.loads(str(tmp_path / "saved"))
+    assert not rb.storage.built and not (tmp_path / "saved" / "frames" / "000-observation.bin").exists()
+
+
+@pytest.mark.anyio
+async def test_load_state_dict_names_every_difference_at_once() -> None:
+    src = ReplayBuffer(20, batch_size=4, sampler=PrioritizedSampler(alpha=1.0, beta=1.0), seed=1)
+    await src.extend(frames(0, 10))
+    state = src.state_dict()
+    rb = ReplayBuffer(30, storage=MemoryStorage(ndim=2))
+    with pytest.raises(ValueError, match=(
+        r"^the saved buffer has capacity 20, this one 30; the saved buffer's storage has ndim 1, this one 2; "
+        r"the saved buffer was sampled by PrioritizedSampler, this one uses RandomSampler; "
+        r"create the buffer with the same capacity and storage ndim and sampler as the saved one$"
+    )):  # fmt: skip
+        rb.load_state_dict(state)
+    assert not rb.storage.built and rb.write_count == 0
+    other = await receiver("prioritized", True)  # stores observation, reward and traj_ids
+    state["layout"] = [e for e in state["layout"] if e[0] != "observation"]
+    state["frames"].pop("observation")
+    twin = await receiver("prioritized", True)
+    with pytest.raises(ValueError, match=(
+        r"^the saved buffer's entries \['observation'\] differ \(keys, frame shapes or dtypes\) from this one's; "
+        r"load into a buffer that has not stored anything yet$"
+    )):  # fmt: skip
+        other.load_state_dict(state)
+    assert_unchanged(other, twin, True)
+    empty = ReplayBuffer(20, sampler=PrioritizedSampler(alpha=1.0, beta=1.0)).state_dict()  # saved before any write
+    with pytest.raises(ValueError, match=r"^the saved buffer was saved before its first write, this one already"):
+        other.load_state_dict(empty)
+    assert_unchanged(other, twin, True)
+
+
+@pytest.mark.anyio
+async def test_damaged_states_are_refused_and_change_nothing() -> None:
+    src = ReplayBuffer(20, batch_size=4, seed=1)
+    await src.extend(frames(0, 10))
+    good = src.state_dict()
+    cases = [
+        ({**good, "format": 9},
+         r"^unsupported buffer state format 9 \(this aiocollect reads format 1\); load it with the aiocollect "),
+        ({k: v for k, v in good.items() if k != "cursor"},
+         r"^the saved buffer state lacks entries \['cursor'\]; pass a dict returned by ReplayBuffer\.state_dict\(\)$"),
+        ({**good, "valid": good["valid"][:5]},
+         r"^the saved buffer state is damaged: 'valid' is not a bool tensor \[20\]; pass a dict returned by "),
+        ({**good, "generator": torch.zeros(3, dtype=torch.uint8)},
+         r"^the saved buffer state is damaged: the generator state cannot be restored"),
+        ({**good, "frames": {**good["frames"], "observation": torch.zeros(20, 2)}},
+         r"^the saved buffer state is damaged: its frames \['observation'\] do not match its layout; pass a dict "
+         r"returned by ReplayBuffer\.state_dict\(\)$"),
+    ]  # fmt: skip
+    for holds_frames in (False, True):
+        rb, twin = await receiver("random", holds_frames), await receiver("random", holds_frames)
+        with pytest.raises(TypeError, match=r"^a saved buffer state must be a dict, got list; pass a dict "):
+            rb.load_state_dict([])  # type: ignore[arg-type]
+        for state, message in cases:
+            with pytest.raises(ValueError, match=message):
+                rb.load_state_dict(state)
+        assert_unchanged(rb, twin, holds_frames)
+
+
+@pytest.mark.anyio
+async def test_older_states_without_the_sampler_class_still_load() -> None:
+    src = ReplayBuffer(20, batch_size=4, sampler=PrioritizedSampler(alpha=1.0, beta=0.5), seed=1)
+    await src.extend(frames(0, 10))
+    src.update_priority(torch.arange(10), torch.arange(10.0))
+    state = src.state_dict()
+    assert state["sampler_class"] == "aiocollect.PrioritizedSampler"
+    copy = ReplayBuffer(20, batch_size=4, sampler=PrioritizedSampler(alpha=1.0, beta=0.5))
+    copy.load_state_dict(older_format(state))
+    a, b = await src.sample(), await copy.sample()
+    assert torch.equal(a["index"], b["index"]) and torch.equal(a["_weight"], b["_weight"])
+    annealed = ReplayBuffer(20, batch_size=4, sampler=PrioritizedSampler(alpha=1.0, beta=1.0))
+    annealed.load_state_dict(state)  # beta is not part of the match: it may be annealed
+    assert annealed.sampler.beta == 1.0 and len(annealed) == 10
 
 
 @pytest.mark.anyio

@@ -659,21 +659,102 @@ def test_make_sampler() -> None:
 
 def test_stateless_samplers_round_trip_their_capacity() -> None:
     # (Which names are public is checked once for the whole package in test_public_api.py.)
-    for sampler in (RandomSampler(), SliceSampler(slice_len=2)):
+    slice_params = {"slice_len": 2, "num_slices": None, "strict_length": True}
+    for sampler, params in ((RandomSampler(), {}), (SliceSampler(slice_len=2), {"params": slice_params})):
         sampler.reset(8)
         state = sampler.state_dict()
         sampler.reset(4)
         sampler.load_state_dict(state)
-        assert sampler.state_dict() == state == {"capacity": 8}
+        assert sampler.state_dict() == state == {"capacity": 8, **params}
     with pytest.raises(TypeError):
         Sampler()  # type: ignore[abstract]
 
 
+_FIX = r"; load a state_dict\(\) of a {} created with the same arguments$"
+
+
+@pytest.mark.parametrize(
+    ("saved", "into", "message"),
+    [
+        (lambda: SliceSampler(slice_len=4), lambda: SliceSampler(slice_len=4, strict_length=False),
+         r"^the saved SliceSampler had strict_length=True, this one has strict_length=False"
+         + _FIX.format("SliceSampler")),
+        (lambda: SliceSampler(slice_len=4), lambda: SliceSampler(num_slices=4),
+         r"^the saved SliceSampler had slice_len=4, num_slices=None, this one has slice_len=None, num_slices=4"),
+        (lambda: SliceSampler(slice_len=4), lambda: RandomSampler(),
+         r"^the saved sampler took arguments \['num_slices', 'slice_len', 'strict_length'\], a RandomSampler takes "
+         r"\[\]" + _FIX.format("RandomSampler")),
+        (lambda: SamplerWithoutReplacement(), lambda: SamplerWithoutReplacement(drop_last=True),
+         r"^the saved SamplerWithoutReplacement had drop_last=False, this one has drop_last=True"),
+        (lambda: PrioritizedSampler(alpha=0.6, beta=0.4), lambda: PrioritizedSampler(alpha=0.7, beta=0.4),
+         r"^the saved PrioritizedSampler had alpha=0\.6, this one has alpha=0\.7"),
+        (lambda: PrioritizedSampler(alpha=0.6, beta=0.4), lambda: SamplerWithoutReplacement(),
+         r"^the saved sampler took arguments \['alpha', 'eps', 'max_priority'\], a SamplerWithoutReplacement takes"),
+    ],
+    ids=["strict_length", "slice_len-vs-num_slices", "slice-into-random", "drop_last", "alpha", "prioritized-into-wor"],
+)  # fmt: skip
+def test_sampler_states_of_other_classes_or_arguments_are_refused(saved, into, message) -> None:
+    source = saved()
+    source.reset(8)
+    source.extend(torch.arange(8))
+    state = source.state_dict()
+    sampler = into()
+    before = sampler.state_dict()
+    with pytest.raises(ValueError, match=message):
+        sampler.check_state_dict(state)
+    with pytest.raises(ValueError, match=message):
+        sampler.load_state_dict(state)
+    assert sampler.state_dict() == before  # nothing was loaded
+
+
+def test_damaged_sampler_states_are_refused_before_loading() -> None:
+    sampler = SamplerWithoutReplacement()
+    sampler.reset(4)
+    good = sampler.state_dict()
+    with pytest.raises(TypeError, match=r"^state must be a dict returned by state_dict\(\), got list$"):
+        sampler.load_state_dict([])  # type: ignore[arg-type]
+    cases = [
+        ({}, r"^the sampler state has no 'capacity' entry"),
+        ({**good, "capacity": 0}, r"^the sampler state's capacity must be None or an int >= 1, got 0"),
+        ({**good, "perm": torch.tensor([0, 9])}, r"^the saved epoch order \('perm'\) must hold indices in \[0, 4\)"),
+        ({**good, "pos": 3}, r"^the saved epoch position \('pos'\) must be an int in \[0, 0\], got 3"),
+        ({**good, "stale": torch.zeros(5, dtype=torch.bool)}, r"^the saved 'stale' mask must be a bool tensor \[4\]"),
+    ]
+    for state, message in cases:
+        with pytest.raises(ValueError, match=message + ".*; load a state_dict"):
+            SamplerWithoutReplacement().load_state_dict(state)  # type: ignore[arg-type]
+    prioritized = PrioritizedSampler(alpha=1, beta=1)
+    prioritized.reset(4)
+    state = prioritized.state_dict()
+    for bad, message in (
+        ({"priorities": torch.ones(3)}, r"^the saved priorities must be a 1-D tensor of 4 values"),
+        ({"priorities": torch.tensor([1.0, -1.0, 0.0, 0.0])}, r"^the saved priorities must be finite and >= 0;"),
+        ({"max_priority": float("nan")}, r"^the saved max_priority must be a finite float > 0, got nan;"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            prioritized.check_state_dict({**state, **bad})
+
+
+def test_older_sampler_states_without_arguments_load_when_their_entries_fit() -> None:
+    source = SamplerWithoutReplacement()
+    source.reset(6)
+    source.sample(full(6), 4, gen())
+    state = {k: v for k, v in source.state_dict().items() if k != "params"}
+    restored = SamplerWithoutReplacement(drop_last=True)  # arguments cannot be checked: not saved
+    restored.load_state_dict(state)
+    assert restored._pos == 4 and torch.equal(restored._perm, source._perm)
+    SliceSampler(slice_len=3).load_state_dict({"capacity": 6})
+    RandomSampler().load_state_dict({"capacity": 6})
+
+
 def test_state_dicts_before_reset() -> None:
     # a buffer saved before its first write never called reset()
-    for make in (lambda: SamplerWithoutReplacement(), lambda: PrioritizedSampler(alpha=1, beta=1)):
+    for make, params in (
+        (lambda: SamplerWithoutReplacement(), {"drop_last": False, "shuffle": True}),
+        (lambda: PrioritizedSampler(alpha=1, beta=1), {"alpha": 1.0, "eps": 1e-8, "max_priority": 1.0}),
+    ):
         state = make().state_dict()
-        assert state == {"capacity": None}
+        assert state == {"capacity": None, "params": params}
         fresh = make()
         fresh.load_state_dict(state)
         assert fresh.capacity is None
