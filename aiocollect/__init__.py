@@ -30,7 +30,7 @@ from ._prioritized import PrioritizedSampler as PrioritizedSampler
 from ._samplers import RandomSampler as RandomSampler
 from ._samplers import Sampler as Sampler
 from ._samplers import SamplerWithoutReplacement as SamplerWithoutReplacement
-from ._samplers import SliceSampler as SliceSampler
+from ._slices import SliceSampler as SliceSampler
 from ._specs import ArraySpec as ArraySpec
 from ._specs import EnvSpec as EnvSpec
 from ._split import split_trajectories as split_trajectories

@@ -8,7 +8,6 @@ collector and a trainer may run on different event loops or threads.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -205,9 +204,8 @@ class ReplayBuffer(ReservationsMixin, BufferPersistence):
         self._notifier.notify_all()
 
     async def _wait(self, predicate: Callable[[], bool]) -> float:
-        start = time.perf_counter()
-        await self._notifier.wait_until(predicate)
-        return time.perf_counter() - start
+        """Wait for ``predicate``; return the seconds spent blocked on it (0.0 if it held at once)."""
+        return await self._notifier.wait_until(predicate)
 
     # -- writing -------------------------------------------------------------------------------
     def _frames_of(self, td: TensorDictBase) -> tuple[int, tuple[int, ...], int]:
@@ -324,7 +322,7 @@ class ReplayBuffer(ReservationsMixin, BufferPersistence):
                 return None  # another sampler got there first
             index, info = self.sampler.sample(self._context(), batch_size, self._generator)
             td = self.storage.gather(index)
-            self._sampled += batch_size
+            self._sampled += index.numel()  # SliceSampler(strict_length=False) may return fewer
             versions = td.get(_POLICY_VERSION, None)
             if versions is not None and versions.numel():
                 lag = self._policy_version - versions
@@ -348,7 +346,9 @@ class ReplayBuffer(ReservationsMixin, BufferPersistence):
 
         Returns:
             A TensorDict ``[batch_size]`` with the stored keys, ``"index"`` (ring positions) and
-            the sampler's extras (``"_weight"`` for `PrioritizedSampler`).
+            the sampler's extras (``"_weight"`` for `PrioritizedSampler`,
+            ``("collector", "slice_ids")`` for `SliceSampler`, which with
+            ``strict_length=False`` may return fewer than ``batch_size`` frames).
 
         Raises:
             WorkerError: A collector feeding this buffer in the background failed.
@@ -370,7 +370,8 @@ class ReplayBuffer(ReservationsMixin, BufferPersistence):
             except BufferEmptyError:
                 # The sampler needs more than is stored (e.g. a whole slice): wait for a write.
                 waited = await self._wait(lambda w=written: self._written > w or self._error is not None or self._closed)
-                self._sample_wait += waited
+                with self._lock:
+                    self._sample_wait += waited
 
     def sample_nowait(self, batch_size: int | None = None) -> TensorDictBase:
         """Sample without waiting (safe from any thread).

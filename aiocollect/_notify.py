@@ -10,6 +10,7 @@ the predicates read must be guarded by `Notifier.lock`.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -27,15 +28,24 @@ class Notifier:
         self.lock = threading.RLock()
         self._waiters: list[tuple[Callable[[Callable[[], Any]], Any], anyio.Event]] = []
 
-    async def wait_until(self, predicate: Callable[[], bool]) -> None:
-        """Return once ``predicate()`` (evaluated under `lock`) is true; a checkpoint either way."""
+    async def wait_until(self, predicate: Callable[[], bool]) -> float:
+        """Return once ``predicate()`` (evaluated under `lock`) is true; a checkpoint either way.
+
+        Returns:
+            Seconds spent waiting for the predicate: from the first time it was found false
+            until it was found true, so 0.0 when it held at once. The checkpoint taken
+            first is not counted: time other tasks run then is scheduling, not waiting.
+        """
         # Always yield to the loop, even when no wait is needed: a trainer looping on
         # ``await buffer.sample()`` must not starve the collector feeding the buffer.
         await anyio.lowlevel.checkpoint()
+        start: float | None = None
         while True:
             with self.lock:
                 if predicate():
-                    return
+                    return 0.0 if start is None else time.perf_counter() - start
+                if start is None:
+                    start = time.perf_counter()
                 scheduler = current_scheduler()
                 assert scheduler is not None  # called from a coroutine, so a loop runs
                 entry = (scheduler, anyio.Event())

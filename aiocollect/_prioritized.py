@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,10 +44,16 @@ class PrioritizedSampler(Sampler):
         tensor([1.0000, 0.3333, 0.3333, 0.3333, 1.0000, 1.0000])
     """
 
+    _state_keys = frozenset({"priorities", "max_priority"})
+
     def __init__(self, alpha: float, beta: float, eps: float = 1e-8, max_priority: float = 1.0):
         self.alpha, self.beta = _check("alpha", alpha, _FLOAT), _check("beta", beta, _FLOAT)
         self.eps = _check("eps", eps, _FLOAT)
         self.max_priority = self._initial_max = _check("max_priority", max_priority, _POS)
+
+    def _params(self) -> dict[str, Any]:
+        # Not beta: it may be annealed, so the loading program sets its own.
+        return {"alpha": self.alpha, "eps": self.eps, "max_priority": self._initial_max}
 
     def reset(self, capacity: int) -> None:
         """Forget all priorities and size the trees; see `Sampler.reset`."""
@@ -151,3 +158,16 @@ class PrioritizedSampler(Sampler):
     def _load(self, state: Mapping[str, Any]) -> None:
         self._set(np.arange(self.capacity), torch.as_tensor(state["priorities"]).double().numpy())
         self.max_priority = float(state["max_priority"])
+
+    def _state_problem(self, state: Any) -> str | None:
+        problem = super()._state_problem(state)
+        if problem is not None or not state["capacity"]:
+            return problem
+        cap, prio, top = state["capacity"], state["priorities"], state["max_priority"]
+        if not isinstance(prio, torch.Tensor) or prio.dim() != 1 or prio.numel() != cap:
+            return f"the saved priorities must be a 1-D tensor of {cap} values, got {prio!r}"
+        if not bool((torch.isfinite(prio) & (prio >= 0)).all()):
+            return "the saved priorities must be finite and >= 0"
+        if isinstance(top, bool) or not isinstance(top, numbers.Real) or not 0 < top < float("inf"):
+            return f"the saved max_priority must be a finite float > 0, got {top!r}"
+        return None

@@ -1,4 +1,7 @@
-"""Replay-buffer index samplers: pure, synchronous choices over ``capacity`` frame indices."""
+"""Replay-buffer index samplers: pure, synchronous choices over ``capacity`` frame indices.
+
+`PrioritizedSampler` lives in ``_prioritized.py`` and `SliceSampler` in ``_slices.py``.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -18,11 +21,10 @@ __all__ = (
     "SampleContext",
     "Sampler",
     "SamplerWithoutReplacement",
-    "SliceSampler",
     "make_sampler",
 )
 
-_Batch = tuple[torch.Tensor, dict[str, torch.Tensor]]  # indices, per-item extras
+_Batch = tuple[torch.Tensor, dict[Any, torch.Tensor]]  # indices, per-item extras (str or nested keys)
 _EMPTY = "sample() called on an empty buffer; await buffer.wait_for(n) first"
 # Rejection rounds before an exact O(size) fallback; few frames are ever reserved at once.
 _ROUNDS = 8
@@ -70,7 +72,10 @@ class Sampler(ABC):
 
     The buffer calls `reset` first, then reports committed frames (`extend`) and frames about
     to be overwritten (`invalidate`). Subclasses implement `sample`, drawing all randomness
-    from its generator so that a seeded buffer is reproducible.
+    from its generator so that a seeded buffer is reproducible. A subclass with state of its
+    own returns it from ``_state()`` and restores it in ``_load(state)``; ``_params()``
+    returns the constructor arguments a saved state must match, and ``_state_problem(state)``
+    (extended with ``super()``) says what in a state does not fit, for `check_state_dict`.
 
     Examples:
         >>> class FirstFrames(Sampler):
@@ -82,6 +87,8 @@ class Sampler(ABC):
     """
 
     capacity: int | None = None
+    # The entries `_state` adds once reset; None (a custom sampler's default): not checked.
+    _state_keys: ClassVar[frozenset[str] | None] = None
 
     def reset(self, capacity: int) -> None:
         """Forget everything; called once the capacity is known and on buffer reset.
@@ -107,15 +114,17 @@ class Sampler(ABC):
 
     @abstractmethod
     def sample(self, ctx: SampleContext, batch_size: int, generator: torch.Generator) -> _Batch:
-        """Choose ``batch_size`` frame indices.
+        """Choose frame indices.
 
         Args:
             ctx: What the buffer currently holds.
-            batch_size: Number of indices to return.
+            batch_size: Number of indices to return (`SliceSampler` with
+                ``strict_length=False`` may return fewer).
             generator: The only source of randomness.
 
         Returns:
-            int64 indices ``[batch_size]`` and a dict of extra ``[batch_size]`` tensors.
+            int64 indices ``[n]`` and a dict of extra ``[n]`` tensors (keys: strings or
+            nested tuples), ``n`` being ``batch_size`` unless the sampler documents otherwise.
 
         Raises:
             BufferEmptyError: Nothing may be sampled.
@@ -125,24 +134,87 @@ class Sampler(ABC):
         """Return everything needed to resume exactly (Python scalars and tensors).
 
         Returns:
-            A dict for `load_state_dict`; just ``{"capacity": None}`` before `reset`.
+            A dict for `load_state_dict`: ``"capacity"`` (None before `reset`), ``"params"``
+            (the constructor arguments, for samplers that take any) and, once reset, the
+            sampler's own state.
         """
-        return {"capacity": self.capacity, **(self._state() if self.capacity else {})}
+        params = self._params()
+        return {
+            "capacity": self.capacity,
+            **({"params": params} if params else {}),
+            **(self._state() if self.capacity else {}),
+        }
+
+    def check_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Check, changing nothing, that `load_state_dict` can restore ``state`` exactly.
+
+        A state saved without ``"params"`` (by an older aiocollect) fits if its entries do.
+
+        Args:
+            state: A dict from `state_dict`.
+
+        Raises:
+            TypeError: ``state`` is not a dict.
+            ValueError: ``state`` comes from a sampler of another class or created with other
+                arguments, or is malformed.
+        """
+        if not isinstance(state, Mapping):
+            raise TypeError(f"state must be a dict returned by state_dict(), got {type(state).__name__}")
+        problem = self._state_problem(state)
+        if problem is not None:
+            name = type(self).__name__
+            raise ValueError(f"{problem}; load a state_dict() of a {name} created with the same arguments")
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore the state returned by `state_dict` of the same sampler class.
 
         Args:
             state: A dict from `state_dict`.
+
+        Raises:
+            TypeError: As `check_state_dict`.
+            ValueError: As `check_state_dict`; the sampler is left unchanged.
         """
+        self.check_state_dict(state)
         if state["capacity"]:  # else it was saved before reset(): there is nothing to restore
             self.reset(state["capacity"])
             self._load(state)
+
+    def _params(self) -> dict[str, Any]:  # constructor arguments a saved state must match
+        return {}
 
     def _state(self) -> dict[str, Any]:  # a subclass's state beyond capacity, once reset()
         return {}
 
     def _load(self, state: Mapping[str, Any]) -> None: ...  # noqa: B027 - nothing by default
+
+    def _state_problem(self, state: Any) -> str | None:
+        """What in ``state`` does not fit this sampler (a clause for an error message), or None."""
+        name = type(self).__name__
+        if not isinstance(state, Mapping):
+            return f"the sampler state must be a dict, got {type(state).__name__}"
+        if "capacity" not in state:
+            return "the sampler state has no 'capacity' entry"
+        cap = state["capacity"]
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, numbers.Integral) or cap < 1):
+            return f"the sampler state's capacity must be None or an int >= 1, got {cap!r}"
+        saved, mine = state.get("params"), self._params()
+        if saved is not None and saved != mine:
+            if not isinstance(saved, Mapping) or set(saved) != set(mine):
+                what = sorted(saved) if isinstance(saved, Mapping) else repr(saved)
+                return f"the saved sampler took arguments {what}, a {name} takes {sorted(mine)}"
+            keys = [k for k in mine if saved[k] != mine[k]]
+            then = ", ".join(f"{k}={saved[k]!r}" for k in keys)
+            return f"the saved {name} had {then}, this one has {', '.join(f'{k}={mine[k]!r}' for k in keys)}"
+        if self._state_keys is not None:
+            needed = self._state_keys if cap else frozenset()
+            extra = sorted(set(state) - {"capacity", "params"} - needed)
+            if extra:
+                return f"the saved sampler state has entries {extra} that a {name} does not use"
+            missing = sorted(needed - set(state))
+            if missing:
+                return f"the saved sampler state lacks entries {missing} that a {name} needs"
+        return None
 
 
 class RandomSampler(Sampler):
@@ -156,6 +228,8 @@ class RandomSampler(Sampler):
         >>> bool((index < 4).all()), info
         (True, {})
     """
+
+    _state_keys = frozenset()
 
     def sample(self, ctx: SampleContext, batch_size: int, generator: torch.Generator) -> _Batch:
         """Draw uniformly with replacement; see `Sampler.sample`."""
@@ -198,9 +272,14 @@ class SamplerWithoutReplacement(Sampler):
         [[0, 1], [2, 3], [4, 0]]
     """
 
+    _state_keys = frozenset({"perm", "pos", "stale"})
+
     def __init__(self, drop_last: bool = False, shuffle: bool = True) -> None:
         self.drop_last = _check("drop_last", drop_last, _BOOL)
         self.shuffle = _check("shuffle", shuffle, _BOOL)
+
+    def _params(self) -> dict[str, Any]:
+        return {"drop_last": self.drop_last, "shuffle": self.shuffle}
 
     def reset(self, capacity: int) -> None:
         """Forget the current epoch; see `Sampler.reset`."""
@@ -250,94 +329,20 @@ class SamplerWithoutReplacement(Sampler):
         self._perm, self._pos = state["perm"].clone(), int(state["pos"])
         self._stale = state["stale"].clone()
 
-
-class SliceSampler(Sampler):
-    """Runs of consecutive frames from single trajectories (TorchRL's `SliceSampler`).
-
-    Returns ``num_slices`` runs of ``slice_len`` consecutive indices, concatenated in time
-    order (give one; the other is ``batch_size`` divided by it). A slice never crosses an
-    invalid frame, a change of ``ctx.traj_ids`` or ``ctx.worker_ids``, a storage row or the
-    end of the index space. Starts are uniform over all possible ones. Info is empty.
-
-    Args:
-        slice_len: Frames per slice.
-        num_slices: Slices per batch.
-        strict_length: Reserved: only full-length slices are returned either way.
-
-    Raises:
-        TypeError: An argument has the wrong type.
-        ValueError: Not exactly one of ``slice_len`` and ``num_slices`` is given, or it is < 1.
-
-    Examples:
-        >>> traj = torch.tensor([7, 7, 7, 7, 8, 8])  # trajectory 8 is too short
-        >>> ctx = SampleContext(torch.ones(6, dtype=torch.bool), 6, 6, traj, None, None)
-        >>> SliceSampler(slice_len=3).sample(ctx, 6, torch.Generator().manual_seed(0))[0]
-        tensor([0, 1, 2, 1, 2, 3])
-    """
-
-    def __init__(
-        self,
-        *,
-        slice_len: int | None = None,
-        num_slices: int | None = None,
-        strict_length: bool = True,
-    ) -> None:
-        if (slice_len is None) == (num_slices is None):
-            rule = "exactly one of slice_len and num_slices must be given"
-            raise ValueError(f"{rule}, got {slice_len=} and {num_slices=}")
-        self.slice_len = None if slice_len is None else _check("slice_len", slice_len, _INT)
-        self.num_slices = None if num_slices is None else _check("num_slices", num_slices, _INT)
-        self.strict_length = _check("strict_length", strict_length, _BOOL)
-
-    def sample(self, ctx: SampleContext, batch_size: int, generator: torch.Generator) -> _Batch:
-        """Draw slices of consecutive frames; see `Sampler.sample`.
-
-        Raises:
-            ValueError: ``batch_size`` is not divisible, or ``ctx.traj_ids`` is None.
-            BufferEmptyError: The buffer is empty, or no slice fits in what is stored.
-        """
-        given = self.slice_len or self.num_slices
-        if _check("batch_size", batch_size, _INT) % given:
-            by = "slice_len" if self.slice_len else "num_slices"
-            raise ValueError(f"batch_size {batch_size} is not divisible by {by} {given}")
-        length = self.slice_len or batch_size // given
-        if ctx.traj_ids is None:
-            need = "SliceSampler needs ('collector', 'traj_ids') in the stored data"
-            raise ValueError(f"{need}; collect with track_traj_ids=True")
-        if ctx.num_valid <= 0:
-            raise BufferEmptyError(_EMPTY)
-        offsets, todo = torch.arange(length), torch.arange(batch_size // length)
-        starts = torch.empty(todo.numel(), dtype=torch.int64)
-        high = ctx.size - length + 1  # starts lie in [0, high)
-        for rnd in range(_ROUNDS if high > 0 else 0):
-            # Oversample more each round, so low acceptance (short trajectories) stays cheap.
-            cand = torch.randint(high, (todo.numel() << min(rnd, 5),), generator=generator)
-            window = cand.unsqueeze(1) + offsets
-            ok = ctx.valid[window] & (ctx.traj_ids[window] == ctx.traj_ids[cand].unsqueeze(1))
-            if ctx.worker_ids is not None:
-                ok &= ctx.worker_ids[window] == ctx.worker_ids[cand].unsqueeze(1)
-            if ctx.row_length is not None:
-                ok &= window // ctx.row_length == (cand // ctx.row_length).unsqueeze(1)
-            hit = cand[ok.all(1)][: todo.numel()]
-            starts[todo[: hit.numel()]], todo = hit, todo[hit.numel() :]
-            if todo.numel() == 0:
-                break
-        else:
-            # Exact: s is a start iff valid and no run break among frames s+1 .. s+length-1.
-            size, valid, traj = ctx.size, ctx.valid[: ctx.size], ctx.traj_ids
-            cont = valid[1:] & valid[:-1] & (traj[1:size] == traj[: size - 1])  # i continues i-1
-            if ctx.worker_ids is not None:
-                cont &= ctx.worker_ids[1:size] == ctx.worker_ids[: size - 1]
-            if ctx.row_length is not None:
-                cont &= torch.arange(1, size) % ctx.row_length != 0
-            breaks = torch.cat([torch.zeros(1, dtype=torch.int64), (~cont).long().cumsum(0)])
-            good = valid[: max(high, 0)] & (breaks[length - 1 : size] == breaks[: max(high, 0)])
-            pool = good.nonzero().squeeze(1)
-            if pool.numel() == 0:
-                none = f"no trajectory segment of {length} consecutive frames is stored yet"
-                raise BufferEmptyError(f"{none}; collect more or lower slice_len")
-            starts[todo] = pool[torch.randint(pool.numel(), (todo.numel(),), generator=generator)]
-        return (starts.unsqueeze(1) + offsets).reshape(-1), {}
+    def _state_problem(self, state: Any) -> str | None:
+        problem = super()._state_problem(state)
+        if problem is not None or not state["capacity"]:
+            return problem
+        cap, perm, pos, stale = state["capacity"], state["perm"], state["pos"], state["stale"]
+        if not isinstance(perm, torch.Tensor) or perm.dtype != torch.int64 or perm.dim() != 1:
+            return f"the saved epoch order ('perm') must be a 1-D int64 tensor, got {perm!r}"
+        if perm.numel() and not (0 <= int(perm.min()) and int(perm.max()) < cap):
+            return f"the saved epoch order ('perm') must hold indices in [0, {cap})"
+        if isinstance(pos, bool) or not isinstance(pos, numbers.Integral) or not 0 <= pos <= perm.numel():
+            return f"the saved epoch position ('pos') must be an int in [0, {perm.numel()}], got {pos!r}"
+        if not isinstance(stale, torch.Tensor) or stale.dtype != torch.bool or tuple(stale.shape) != (cap,):
+            return f"the saved 'stale' mask must be a bool tensor [{cap}], got {stale!r}"
+        return None
 
 
 def make_sampler(spec: Sampler | str | None) -> Sampler:

@@ -59,11 +59,14 @@ class BufferStats:
         size: Frames stored and available to sample (``len(buffer)``).
         capacity: Frames the storage holds (0 until the first batch arrives).
         write_count: Frames ever committed.
-        sample_count: Frames ever sampled (``batch_size`` per call).
+        sample_count: Frames ever sampled (``batch_size`` per call, fewer where a
+            ``SliceSampler(strict_length=False)`` returned fewer).
         in_flight: Frames reserved by writers and not yet committed.
         samples_per_insert: Observed ratio of sampled to inserted frames beyond ``min_size``.
-        insert_wait_seconds: Total time writers waited on the rate limiter or capacity.
-        sample_wait_seconds: Total time samplers waited for data or the rate limiter.
+        insert_wait_seconds: Total time writers waited on the rate limiter or capacity
+            (only while blocked: a call that need not wait adds 0).
+        sample_wait_seconds: Total time samplers waited for data or the rate limiter
+            (only while blocked, as above).
         policy_version: The newest policy version the buffer knows of.
         stale_dropped: Frames removed because they were older than ``max_policy_lag``.
         sampled_policy_lag_mean: Mean policy age of sampled frames (versions behind).

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -14,6 +16,7 @@ from aiocollect import (
     BufferClosedError,
     BufferEmptyError,
     MemmapStorage,
+    MemoryStorage,
     PrioritizedSampler,
     ReplayBuffer,
     SamplerWithoutReplacement,
@@ -21,6 +24,7 @@ from aiocollect import (
     SliceSampler,
     WouldBlock,
     blocking,
+    split_trajectories,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -122,6 +126,52 @@ async def test_sample_waits_for_min_size_then_returns() -> None:
 
 
 @pytest.mark.anyio
+async def test_wait_seconds_count_only_waiting_not_the_loop_running_other_tasks() -> None:
+    rb = ReplayBuffer(1000, batch_size=4, seed=0)
+    done = False
+
+    async def busy() -> None:  # another task that holds the loop ~2 ms at each turn
+        while not done:
+            deadline = time.perf_counter() + 0.002
+            while time.perf_counter() < deadline:
+                pass
+            await anyio.lowlevel.checkpoint()
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(busy)
+            for i in range(25):  # neither call ever has to wait ...
+                await rb.extend(frames(4 * i, 4))
+                await rb.sample()
+            done = True
+    stats = rb.stats()
+    assert stats.sample_count == 100  # ... though each yielded to busy() once (~50 ms each side)
+    assert stats.sample_wait_seconds == 0.0 and stats.insert_wait_seconds == 0.0
+
+
+@pytest.mark.anyio
+async def test_a_real_wait_is_counted_in_full() -> None:
+    rb = ReplayBuffer(100, batch_size=4, min_size=10)
+    got: list[TensorDict] = []
+
+    async def learner() -> None:
+        got.append(await rb.sample())
+
+    start = time.perf_counter()
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(learner)
+            await anyio.wait_all_tasks_blocked()
+            blocked = time.perf_counter()  # the learner is waiting for min_size by now
+            await rb.extend(frames(0, 6))
+            await anyio.wait_all_tasks_blocked()
+            released = time.perf_counter()  # it still waits: 6 < min_size
+            await rb.extend(frames(6, 6))
+    waited = rb.stats().sample_wait_seconds
+    assert len(got) == 1 and released - blocked <= waited <= time.perf_counter() - start
+
+
+@pytest.mark.anyio
 async def test_sample_nowait_never_waits() -> None:
     rb = ReplayBuffer(100, batch_size=4, samples_per_insert=1.0, tolerance=4)
     with pytest.raises(BufferEmptyError, match=r"^sample\(\) called on a buffer holding 0 frames .*await buffer\.wait_for\(1\) first$"):
@@ -206,6 +256,174 @@ async def test_memmap_dumps_loads_round_trip(tmp_path: Path) -> None:
         ReplayBuffer(50).loads(str(tmp_path / "missing"))
 
 
+SAMPLERS: dict[str, Callable[[], object]] = {
+    "random": lambda: None,
+    "without_replacement": SamplerWithoutReplacement,
+    "prioritized": lambda: PrioritizedSampler(alpha=1.0, beta=1.0),
+    "slice4": lambda: SliceSampler(slice_len=4),
+    "slice2": lambda: SliceSampler(slice_len=2),
+}
+_SAME = "; create the buffer with the same {} as the saved one$"
+SAMPLER_MISMATCHES = [  # (saved, loading into, saved by an older aiocollect, error)
+    ("prioritized", "random", False,
+     r"^the saved buffer was sampled by PrioritizedSampler, this one uses RandomSampler" + _SAME.format("sampler")),
+    ("random", "prioritized", False,
+     r"^the saved buffer was sampled by RandomSampler, this one uses PrioritizedSampler" + _SAME.format("sampler")),
+    ("random", "without_replacement", False,
+     r"^the saved buffer was sampled by RandomSampler, this one uses SamplerWithoutReplacement"
+     + _SAME.format("sampler")),
+    ("slice4", "random", False,
+     r"^the saved buffer was sampled by SliceSampler, this one uses RandomSampler" + _SAME.format("sampler")),
+    ("slice4", "slice2", False,
+     r"^the saved SliceSampler had slice_len=4, this one has slice_len=2" + _SAME.format("sampler arguments")),
+    ("prioritized", "random", True,
+     r"^the saved sampler state has entries \['max_priority', 'priorities'\] that a RandomSampler does not use"
+     + _SAME.format("sampler")),
+    ("random", "prioritized", True,
+     r"^the saved sampler state lacks entries \['max_priority', 'priorities'\] that a PrioritizedSampler needs"
+     + _SAME.format("sampler")),
+    ("random", "without_replacement", True,
+     r"^the saved sampler state lacks entries \['perm', 'pos', 'stale'\] that a SamplerWithoutReplacement needs"
+     + _SAME.format("sampler")),
+]  # fmt: skip
+
+
+def older_format(state: dict) -> dict:
+    """A state as aiocollect saved it before the sampler class and arguments were recorded."""
+    state = dict(state, sampler={k: v for k, v in state["sampler"].items() if k != "params"})
+    state.pop("sampler_class", None)
+    return state
+
+
+async def receiver(sampler: str, holds_frames: bool, **kw: object) -> ReplayBuffer:
+    rb = ReplayBuffer(20, batch_size=4, sampler=SAMPLERS[sampler](), seed=2, **kw)  # type: ignore[arg-type]
+    if holds_frames:
+        await rb.extend(frames(100, 6, traj=1))
+        await rb.sample()
+    return rb
+
+
+def assert_unchanged(rb: ReplayBuffer, twin: ReplayBuffer, holds_frames: bool) -> None:
+    """``rb`` (after a refused load) behaves exactly as ``twin`` (built the same way, never loaded into)."""
+    assert (len(rb), rb.write_count, rb.storage.built) == (6, 6, True) if holds_frames else (0, 0, False)
+    assert (len(rb), rb.write_count, rb.storage.built, rb.stats()) == (
+        len(twin), twin.write_count, twin.storage.built, twin.stats()
+    )
+    if not holds_frames:
+        with pytest.raises(BufferEmptyError):
+            rb.sample_nowait()
+        return
+    for _ in range(4):  # same sampler state and RNG state: the same samples
+        a, b = rb.sample_nowait(), twin.sample_nowait()
+        assert torch.equal(a["index"], b["index"]) and torch.equal(a["observation"], b["observation"])
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("holds_frames", [False, True], ids=["fresh", "holding-frames"])
+@pytest.mark.parametrize(("saved", "into", "older", "message"), SAMPLER_MISMATCHES)
+async def test_load_state_dict_refuses_another_sampler_and_changes_nothing(
+    saved: str, into: str, older: bool, message: str, holds_frames: bool
+) -> None:
+    src = ReplayBuffer(20, batch_size=4, sampler=SAMPLERS[saved](), seed=1)  # type: ignore[arg-type]
+    await src.extend(frames(0, 10))
+    state = older_format(src.state_dict()) if older else src.state_dict()
+    rb, twin = await receiver(into, holds_frames), await receiver(into, holds_frames)
+    with pytest.raises(ValueError, match=message):
+        rb.load_state_dict(state)
+    assert_unchanged(rb, twin, holds_frames)
+
+
+@pytest.mark.anyio
+async def test_loads_refuses_another_sampler_before_building_or_writing(tmp_path: Path) -> None:
+    src = ReplayBuffer(20, batch_size=4, sampler=PrioritizedSampler(alpha=1.0, beta=1.0), seed=1)
+    await src.extend(frames(0, 10))
+    src.dumps(str(tmp_path / "saved"))
+    rb = await receiver("random", False, storage=MemmapStorage(tmp_path / "mine"))
+    twin = await receiver("random", False)
+    with pytest.raises(ValueError, match=r"^the saved buffer was sampled by PrioritizedSampler, this one uses Random"):
+        rb.loads(str(tmp_path / "saved"))
+    assert_unchanged(rb, twin, False)
+    assert not (tmp_path / "mine").exists()  # the storage was not built
+    os.remove(tmp_path / "saved" / "frames" / "000-observation.bin")
+    rb = ReplayBuffer(20, batch_size=4, sampler=PrioritizedSampler(alpha=1.0, beta=1.0))
+    with pytest.raises(ValueError, match=r"^the saved buffer's frame files \['000-observation\.bin'\] are missing "):
+        rb.loads(str(tmp_path / "saved"))
+    assert not rb.storage.built and not (tmp_path / "saved" / "frames" / "000-observation.bin").exists()
+
+
+@pytest.mark.anyio
+async def test_load_state_dict_names_every_difference_at_once() -> None:
+    src = ReplayBuffer(20, batch_size=4, sampler=PrioritizedSampler(alpha=1.0, beta=1.0), seed=1)
+    await src.extend(frames(0, 10))
+    state = src.state_dict()
+    rb = ReplayBuffer(30, storage=MemoryStorage(ndim=2))
+    with pytest.raises(ValueError, match=(
+        r"^the saved buffer has capacity 20, this one 30; the saved buffer's storage has ndim 1, this one 2; "
+        r"the saved buffer was sampled by PrioritizedSampler, this one uses RandomSampler; "
+        r"create the buffer with the same capacity and storage ndim and sampler as the saved one$"
+    )):  # fmt: skip
+        rb.load_state_dict(state)
+    assert not rb.storage.built and rb.write_count == 0
+    other = await receiver("prioritized", True)  # stores observation, reward and traj_ids
+    state["layout"] = [e for e in state["layout"] if e[0] != "observation"]
+    state["frames"].pop("observation")
+    twin = await receiver("prioritized", True)
+    with pytest.raises(ValueError, match=(
+        r"^the saved buffer's entries \['observation'\] differ \(keys, frame shapes or dtypes\) from this one's; "
+        r"load into a buffer that has not stored anything yet$"
+    )):  # fmt: skip
+        other.load_state_dict(state)
+    assert_unchanged(other, twin, True)
+    empty = ReplayBuffer(20, sampler=PrioritizedSampler(alpha=1.0, beta=1.0)).state_dict()  # saved before any write
+    with pytest.raises(ValueError, match=r"^the saved buffer was saved before its first write, this one already"):
+        other.load_state_dict(empty)
+    assert_unchanged(other, twin, True)
+
+
+@pytest.mark.anyio
+async def test_damaged_states_are_refused_and_change_nothing() -> None:
+    src = ReplayBuffer(20, batch_size=4, seed=1)
+    await src.extend(frames(0, 10))
+    good = src.state_dict()
+    cases = [
+        ({**good, "format": 9},
+         r"^unsupported buffer state format 9 \(this aiocollect reads format 1\); load it with the aiocollect "),
+        ({k: v for k, v in good.items() if k != "cursor"},
+         r"^the saved buffer state lacks entries \['cursor'\]; pass a dict returned by ReplayBuffer\.state_dict\(\)$"),
+        ({**good, "valid": good["valid"][:5]},
+         r"^the saved buffer state is damaged: 'valid' is not a bool tensor \[20\]; pass a dict returned by "),
+        ({**good, "generator": torch.zeros(3, dtype=torch.uint8)},
+         r"^the saved buffer state is damaged: the generator state cannot be restored"),
+        ({**good, "frames": {**good["frames"], "observation": torch.zeros(20, 2)}},
+         r"^the saved buffer state is damaged: its frames \['observation'\] do not match its layout; pass a dict "
+         r"returned by ReplayBuffer\.state_dict\(\)$"),
+    ]  # fmt: skip
+    for holds_frames in (False, True):
+        rb, twin = await receiver("random", holds_frames), await receiver("random", holds_frames)
+        with pytest.raises(TypeError, match=r"^a saved buffer state must be a dict, got list; pass a dict "):
+            rb.load_state_dict([])  # type: ignore[arg-type]
+        for state, message in cases:
+            with pytest.raises(ValueError, match=message):
+                rb.load_state_dict(state)
+        assert_unchanged(rb, twin, holds_frames)
+
+
+@pytest.mark.anyio
+async def test_older_states_without_the_sampler_class_still_load() -> None:
+    src = ReplayBuffer(20, batch_size=4, sampler=PrioritizedSampler(alpha=1.0, beta=0.5), seed=1)
+    await src.extend(frames(0, 10))
+    src.update_priority(torch.arange(10), torch.arange(10.0))
+    state = src.state_dict()
+    assert state["sampler_class"] == "aiocollect.PrioritizedSampler"
+    copy = ReplayBuffer(20, batch_size=4, sampler=PrioritizedSampler(alpha=1.0, beta=0.5))
+    copy.load_state_dict(older_format(state))
+    a, b = await src.sample(), await copy.sample()
+    assert torch.equal(a["index"], b["index"]) and torch.equal(a["_weight"], b["_weight"])
+    annealed = ReplayBuffer(20, batch_size=4, sampler=PrioritizedSampler(alpha=1.0, beta=1.0))
+    annealed.load_state_dict(state)  # beta is not part of the match: it may be annealed
+    assert annealed.sampler.beta == 1.0 and len(annealed) == 10
+
+
 @pytest.mark.anyio
 async def test_prioritized_sampling_follows_updated_priorities() -> None:
     rb = ReplayBuffer(100, batch_size=256, sampler=PrioritizedSampler(alpha=1.0, beta=1.0), seed=0)
@@ -239,6 +457,54 @@ async def test_slice_sampler_waits_until_a_whole_slice_is_stored() -> None:
     obs = got[0]["observation"][:, 0].reshape(2, 4)
     assert torch.equal(obs - obs[:, :1], torch.arange(4.0).expand(2, 4))  # consecutive frames
     assert (got[0]["collector", "traj_ids"] == 2).all()
+
+
+@pytest.mark.anyio
+async def test_slice_sampler_not_strict_returns_short_trajectories_split_by_slice_ids() -> None:
+    rb = ReplayBuffer(100, batch_size=12, sampler=SliceSampler(slice_len=4, strict_length=False), seed=0)
+    await rb.extend(frames(0, 2, traj=1))  # shorter than a slice: sampled whole
+    await rb.extend(frames(2, 5, traj=2))  # two possible slices, [2..5] and [3..6]
+    strict = ReplayBuffer(100, batch_size=12, sampler=SliceSampler(slice_len=4), seed=0)
+    await strict.extend(frames(0, 2, traj=1))
+    await strict.extend(frames(2, 5, traj=2))
+    seen: set[tuple[float, ...]] = set()
+    for _ in range(30):
+        with anyio.fail_after(10):
+            batch = await rb.sample()
+        # split_trajectories on the slice ids: one row per slice, even two adjacent slices of trajectory 2
+        rows = split_trajectories(batch, trajectory_key=("collector", "slice_ids"))
+        lengths = rows["collector", "mask"].sum(-1)
+        assert rows.shape[0] == 3 and batch.numel() == int(lengths.sum()) <= 12
+        for row, n in zip(rows, lengths.tolist(), strict=True):
+            obs = row["observation"][:n, 0]
+            assert torch.equal(obs - obs[0], torch.arange(float(n)))  # consecutive frames
+            assert row["collector", "traj_ids"][:n].unique().numel() == 1
+            seen.add(tuple(obs.tolist()))
+        assert (await strict.sample())["collector", "slice_ids"].tolist() == [0] * 4 + [1] * 4 + [2] * 4
+    assert seen == {(0.0, 1.0), (2.0, 3.0, 4.0, 5.0), (3.0, 4.0, 5.0, 6.0)}
+
+
+@pytest.mark.anyio
+async def test_slice_sampler_not_strict_with_ndim2_rows_shorter_than_a_slice() -> None:
+    # [2 envs, 3 steps] rollouts: every row is a segment of 3 frames, shorter than slice_len 4.
+    loose = ReplayBuffer(12, batch_size=8, storage=MemoryStorage(ndim=2), seed=0,
+                         sampler=SliceSampler(slice_len=4, strict_length=False))  # fmt: skip
+    strict = ReplayBuffer(12, batch_size=8, storage=MemoryStorage(ndim=2), sampler=SliceSampler(slice_len=4))
+    for start in (0, 6, 12):  # the third rollout overwrites the first (the ring wraps)
+        rollout = frames(start, 6).reshape(2, 3)
+        rollout["collector", "traj_ids"] = torch.tensor([[start, start, start], [start + 1] * 3])
+        await loose.extend(rollout)
+        await strict.extend(rollout)
+    with pytest.raises(BufferEmptyError, match=r"^no trajectory segment of 4 consecutive frames"):
+        strict.sample_nowait()
+    rows: set[tuple[float, ...]] = set()
+    for _ in range(20):
+        with anyio.fail_after(10):
+            batch = await loose.sample()
+        assert batch["collector", "slice_ids"].tolist() == [0, 0, 0, 1, 1, 1]  # two whole rows
+        rows |= {tuple(part.tolist()) for part in batch["observation"][:, 0].split(3)}
+    assert rows == {(6.0, 7.0, 8.0), (9.0, 10.0, 11.0), (12.0, 13.0, 14.0), (15.0, 16.0, 17.0)}
+    assert loose.stats().sample_count == 20 * 6  # the frames returned, not batch_size
 
 
 @pytest.mark.anyio

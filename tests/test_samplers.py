@@ -1,8 +1,9 @@
-"""Tests of the replay-buffer index samplers (`aiocollect._samplers`, `aiocollect._prioritized`)."""
+"""Tests of the replay-buffer index samplers (`aiocollect._samplers`, `_prioritized`, `_slices`)."""
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -15,10 +16,11 @@ from aiocollect._samplers import (
     SampleContext,
     Sampler,
     SamplerWithoutReplacement,
-    SliceSampler,
     make_sampler,
 )
+from aiocollect._slices import SliceSampler
 
+SLICE_IDS = ("collector", "slice_ids")
 EMPTY = r"^sample\(\) called on an empty buffer; await buffer\.wait_for\(n\) first$"
 
 
@@ -428,7 +430,8 @@ def test_slices_never_cross_boundaries_and_cover_all_starts() -> None:
     sampler = SliceSampler(slice_len=8)
     sampler.reset(240)
     index, out = draw(sampler, ctx, 64, 400)
-    assert all(i.shape == (64,) and info == {} for i, info in out)
+    ids = torch.arange(8).repeat_interleave(8)  # slice k is frames 8k .. 8k+7 of the batch
+    assert all(i.shape == (64,) and torch.equal(info.pop(SLICE_IDS), ids) and not info for i, info in out)
     starts = _check_slices(index, 8, ctx)
     assert set(starts.tolist()) == _possible_starts(ctx, 8)
     counts = torch.bincount(starts, minlength=240)[sorted(_possible_starts(ctx, 8))].double()
@@ -482,6 +485,100 @@ def test_slices_none_possible_raises() -> None:
         SliceSampler(slice_len=4).sample(short, 8, gen())
     with pytest.raises(BufferEmptyError, match=EMPTY):
         SliceSampler(slice_len=4).sample(context(torch.zeros(3), 0, torch.zeros(3)), 8, gen())
+
+
+def _segments(ctx: SampleContext) -> list[tuple[int, int]]:
+    """Brute force: (first frame, length) of every longest run a slice may lie in."""
+    out: list[tuple[int, int]] = []
+    for i in range(ctx.size):
+        if not ctx.valid[i]:
+            continue
+        if out and out[-1][0] + out[-1][1] == i and _check_slices_safe(torch.tensor([i - 1, i]), 2, ctx):
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+        else:
+            out.append((i, 1))
+    return out
+
+
+def _possible_slices(ctx: SampleContext, length: int, strict: bool) -> set[tuple[int, int]]:
+    full_ = {(s + j, length) for s, n in _segments(ctx) for j in range(n - length + 1)}
+    return full_ if strict else full_ | {(s, n) for s, n in _segments(ctx) if n < length}
+
+
+def _slices_of(index: torch.Tensor, info: dict, ctx: SampleContext) -> list[tuple[int, int]]:
+    """(start, length) of each slice of a batch, checked to be numbered 0, 1, ... and consecutive."""
+    ids = info[SLICE_IDS]
+    counts = torch.bincount(ids)
+    assert (counts > 0).all() and torch.equal(ids, torch.arange(counts.numel()).repeat_interleave(counts))
+    first = counts.cumsum(0) - counts
+    assert torch.equal(index - index[first][ids], torch.arange(ids.numel()) - first[ids]), "not consecutive"
+    return list(zip(index[first].tolist(), counts.tolist(), strict=True))
+
+
+def _check_slices_safe(index: torch.Tensor, length: int, ctx: SampleContext) -> bool:
+    try:
+        _check_slices(index, length, ctx)
+    except AssertionError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_slices_not_strict_add_whole_segments_shorter_than_a_slice(strict: bool) -> None:
+    ctx = _two_worker_context()  # segments of 1 to 60 frames
+    sampler = SliceSampler(slice_len=8, strict_length=strict)
+    index, out = draw(sampler, ctx, 64, 600)
+    drawn = [sl for i, info in out for sl in _slices_of(i, info, ctx)]
+    assert len(drawn) == 8 * 600  # always batch_size // slice_len slices
+    possible = _possible_slices(ctx, 8, strict)
+    assert set(drawn) == possible  # short segments are whole, cut at their end; none is split
+    assert any(n < 8 for _, n in possible) != strict
+    tally = Counter(drawn)
+    counts = torch.tensor([tally[sl] for sl in sorted(possible)], dtype=torch.float64)
+    k, mean = counts.numel(), counts.mean()
+    assert float(((counts - mean) ** 2 / mean).sum()) < k + 6 * (2 * k) ** 0.5  # uniform
+    sizes = [i.numel() for i, _ in out]
+    assert (min(sizes) < 64) != strict and max(sizes) == 64
+
+
+def test_slices_not_strict_sample_trajectories_shorter_than_slice_len() -> None:
+    traj = _runs([3, 2, 3], [0, 1, 2])
+    ctx = full(8, traj=traj)
+    with pytest.raises(BufferEmptyError, match=r"^no trajectory segment of 4 "):
+        SliceSampler(slice_len=4).sample(ctx, 8, gen())
+    loose = SliceSampler(num_slices=2, strict_length=False)  # slice_len 4
+    batches = [loose.sample(ctx, 8, gen(seed)) for seed in range(40)]
+    assert all(len(_slices_of(index, info, ctx)) == 2 for index, info in batches)
+    assert {sl for b in batches for sl in _slices_of(*b, ctx)} == {(0, 3), (3, 2), (5, 3)}
+
+
+def test_slices_not_strict_stop_at_the_end_of_the_ring() -> None:
+    # Trajectory 9 wrapped around the ring: frames 7..9 then 0..2. A slice never wraps, so
+    # each piece is a segment of its own, returned whole (cut at index 9) only if not strict.
+    ctx = full(10, traj=torch.tensor([9, 9, 9, 8, 8, 8, 8, 9, 9, 9]))
+    for strict, expected in ((True, {(3, 4)}), (False, {(3, 4), (0, 3), (7, 3)})):
+        sampler = SliceSampler(slice_len=4, strict_length=strict)
+        assert {sl for seed in range(30) for sl in _slices_of(*sampler.sample(ctx, 8, gen(seed)), ctx)} == expected
+
+
+def test_slices_not_strict_stay_in_one_row() -> None:
+    ctx = full(12, traj=torch.zeros(12, dtype=torch.int64), row_length=3)  # rows of 3 < slice_len 4
+    loose = SliceSampler(slice_len=4, strict_length=False)
+    got = {sl for seed in range(30) for sl in _slices_of(*loose.sample(ctx, 8, gen(seed)), ctx)}
+    assert got == {(0, 3), (3, 3), (6, 3), (9, 3)}
+
+
+def test_slices_not_strict_exact_fallback_matches_rejection() -> None:
+    traj = torch.arange(20_000)  # every frame its own trajectory: 1-frame segments ...
+    traj[12_345:12_350] = 12_345  # ... and one of 5 frames
+    ctx = full(20_000, traj=traj)
+    strict = SliceSampler(slice_len=5)
+    assert all(sl == (12_345, 5) for sl in _slices_of(*strict.sample(ctx, 20, gen()), ctx))
+    valid = torch.zeros(20_000, dtype=torch.bool)
+    valid[:3] = True  # rejection from [0, 20000) nearly always misses: the exact pool is used
+    loose = SliceSampler(slice_len=5, strict_length=False)
+    few = context(valid, 20_000, traj)
+    assert set(_slices_of(*loose.sample(few, 500, gen()), few)) == {(0, 1), (1, 1), (2, 1)}
 
 
 def test_slice_sampler_argument_errors() -> None:
@@ -562,21 +659,102 @@ def test_make_sampler() -> None:
 
 def test_stateless_samplers_round_trip_their_capacity() -> None:
     # (Which names are public is checked once for the whole package in test_public_api.py.)
-    for sampler in (RandomSampler(), SliceSampler(slice_len=2)):
+    slice_params = {"slice_len": 2, "num_slices": None, "strict_length": True}
+    for sampler, params in ((RandomSampler(), {}), (SliceSampler(slice_len=2), {"params": slice_params})):
         sampler.reset(8)
         state = sampler.state_dict()
         sampler.reset(4)
         sampler.load_state_dict(state)
-        assert sampler.state_dict() == state == {"capacity": 8}
+        assert sampler.state_dict() == state == {"capacity": 8, **params}
     with pytest.raises(TypeError):
         Sampler()  # type: ignore[abstract]
 
 
+_FIX = r"; load a state_dict\(\) of a {} created with the same arguments$"
+
+
+@pytest.mark.parametrize(
+    ("saved", "into", "message"),
+    [
+        (lambda: SliceSampler(slice_len=4), lambda: SliceSampler(slice_len=4, strict_length=False),
+         r"^the saved SliceSampler had strict_length=True, this one has strict_length=False"
+         + _FIX.format("SliceSampler")),
+        (lambda: SliceSampler(slice_len=4), lambda: SliceSampler(num_slices=4),
+         r"^the saved SliceSampler had slice_len=4, num_slices=None, this one has slice_len=None, num_slices=4"),
+        (lambda: SliceSampler(slice_len=4), lambda: RandomSampler(),
+         r"^the saved sampler took arguments \['num_slices', 'slice_len', 'strict_length'\], a RandomSampler takes "
+         r"\[\]" + _FIX.format("RandomSampler")),
+        (lambda: SamplerWithoutReplacement(), lambda: SamplerWithoutReplacement(drop_last=True),
+         r"^the saved SamplerWithoutReplacement had drop_last=False, this one has drop_last=True"),
+        (lambda: PrioritizedSampler(alpha=0.6, beta=0.4), lambda: PrioritizedSampler(alpha=0.7, beta=0.4),
+         r"^the saved PrioritizedSampler had alpha=0\.6, this one has alpha=0\.7"),
+        (lambda: PrioritizedSampler(alpha=0.6, beta=0.4), lambda: SamplerWithoutReplacement(),
+         r"^the saved sampler took arguments \['alpha', 'eps', 'max_priority'\], a SamplerWithoutReplacement takes"),
+    ],
+    ids=["strict_length", "slice_len-vs-num_slices", "slice-into-random", "drop_last", "alpha", "prioritized-into-wor"],
+)  # fmt: skip
+def test_sampler_states_of_other_classes_or_arguments_are_refused(saved, into, message) -> None:
+    source = saved()
+    source.reset(8)
+    source.extend(torch.arange(8))
+    state = source.state_dict()
+    sampler = into()
+    before = sampler.state_dict()
+    with pytest.raises(ValueError, match=message):
+        sampler.check_state_dict(state)
+    with pytest.raises(ValueError, match=message):
+        sampler.load_state_dict(state)
+    assert sampler.state_dict() == before  # nothing was loaded
+
+
+def test_damaged_sampler_states_are_refused_before_loading() -> None:
+    sampler = SamplerWithoutReplacement()
+    sampler.reset(4)
+    good = sampler.state_dict()
+    with pytest.raises(TypeError, match=r"^state must be a dict returned by state_dict\(\), got list$"):
+        sampler.load_state_dict([])  # type: ignore[arg-type]
+    cases = [
+        ({}, r"^the sampler state has no 'capacity' entry"),
+        ({**good, "capacity": 0}, r"^the sampler state's capacity must be None or an int >= 1, got 0"),
+        ({**good, "perm": torch.tensor([0, 9])}, r"^the saved epoch order \('perm'\) must hold indices in \[0, 4\)"),
+        ({**good, "pos": 3}, r"^the saved epoch position \('pos'\) must be an int in \[0, 0\], got 3"),
+        ({**good, "stale": torch.zeros(5, dtype=torch.bool)}, r"^the saved 'stale' mask must be a bool tensor \[4\]"),
+    ]
+    for state, message in cases:
+        with pytest.raises(ValueError, match=message + ".*; load a state_dict"):
+            SamplerWithoutReplacement().load_state_dict(state)  # type: ignore[arg-type]
+    prioritized = PrioritizedSampler(alpha=1, beta=1)
+    prioritized.reset(4)
+    state = prioritized.state_dict()
+    for bad, message in (
+        ({"priorities": torch.ones(3)}, r"^the saved priorities must be a 1-D tensor of 4 values"),
+        ({"priorities": torch.tensor([1.0, -1.0, 0.0, 0.0])}, r"^the saved priorities must be finite and >= 0;"),
+        ({"max_priority": float("nan")}, r"^the saved max_priority must be a finite float > 0, got nan;"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            prioritized.check_state_dict({**state, **bad})
+
+
+def test_older_sampler_states_without_arguments_load_when_their_entries_fit() -> None:
+    source = SamplerWithoutReplacement()
+    source.reset(6)
+    source.sample(full(6), 4, gen())
+    state = {k: v for k, v in source.state_dict().items() if k != "params"}
+    restored = SamplerWithoutReplacement(drop_last=True)  # arguments cannot be checked: not saved
+    restored.load_state_dict(state)
+    assert restored._pos == 4 and torch.equal(restored._perm, source._perm)
+    SliceSampler(slice_len=3).load_state_dict({"capacity": 6})
+    RandomSampler().load_state_dict({"capacity": 6})
+
+
 def test_state_dicts_before_reset() -> None:
     # a buffer saved before its first write never called reset()
-    for make in (lambda: SamplerWithoutReplacement(), lambda: PrioritizedSampler(alpha=1, beta=1)):
+    for make, params in (
+        (lambda: SamplerWithoutReplacement(), {"drop_last": False, "shuffle": True}),
+        (lambda: PrioritizedSampler(alpha=1, beta=1), {"alpha": 1.0, "eps": 1e-8, "max_priority": 1.0}),
+    ):
         state = make().state_dict()
-        assert state == {"capacity": None}
+        assert state == {"capacity": None, "params": params}
         fresh = make()
         fresh.load_state_dict(state)
         assert fresh.capacity is None

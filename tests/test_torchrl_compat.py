@@ -27,3 +27,25 @@ def test_gae_runs_on_a_batch_unchanged() -> None:
     done = out["next", "terminated"].squeeze(-1)
     if done.any():
         torch.testing.assert_close(out["value_target"][done], out["next", "reward"][done])
+
+
+def test_torchrl_split_trajectories_splits_slice_samples_by_slice_ids() -> None:
+    from tensordict import TensorDict
+    from torchrl.collectors.utils import split_trajectories
+
+    from aiocollect import SliceSampler, blocking
+
+    obs = torch.arange(7.0)
+    traj = torch.tensor([1, 1, 2, 2, 2, 2, 2])  # trajectory 1 is shorter than a slice
+    data = TensorDict({"observation": obs, ("collector", "traj_ids"): traj}, batch_size=[7])
+    sampler = SliceSampler(slice_len=4, strict_length=False)
+    with blocking.ReplayBuffer(20, batch_size=12, sampler=sampler, seed=0) as rb:
+        rb.extend(data)
+        for _ in range(10):
+            batch = rb.sample()
+            rows = split_trajectories(batch, trajectory_key=("collector", "slice_ids"))
+            assert rows.shape[0] == 3  # one row per slice, even for adjacent slices of trajectory 2
+            for row, mask in zip(rows["observation"], rows["collector", "mask"], strict=True):
+                real = row[mask]
+                assert torch.equal(real - real[0], torch.arange(float(real.numel())))
+                assert real.tolist() in ([0.0, 1.0], [2.0, 3.0, 4.0, 5.0], [3.0, 4.0, 5.0, 6.0])
