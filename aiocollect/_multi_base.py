@@ -27,6 +27,7 @@ from ._errors import (
     worker_error_from_message,
 )
 from ._lifecycle import CollectorLifecycle
+from ._liveness import STALL_REPORT, Liveness, process_state
 from ._multi_config import MultiConfig
 from ._pump import Pump
 from ._seeding import check_seed
@@ -42,7 +43,6 @@ __all__ = ["SLOTS", "MultiCollectorBase"]
 
 SLOTS = 2  # double buffering: a worker fills one slot while the parent reads the other
 _CONTROL = 64  # bytes after a worker's slots: the control words below
-_STALL_REPORT = 10.0  # seconds without progress after which stats() lists a busy worker
 
 
 class MultiCollectorBase(CollectorLifecycle):
@@ -68,8 +68,7 @@ class MultiCollectorBase(CollectorLifecycle):
         self._saved_threads: int | None = None
         self._pump: Pump | None = None
         # Liveness: per worker, the progress count last seen and when it was first seen.
-        self._seen: list[tuple[int, float]] = [(-1, 0.0)] * n
-        self._sent: list[int] = [-1] * n  # its progress count when work was last sent to it
+        self._liveness = Liveness(n, _PROGRESS, _BUSY)
         self._update_lock: anyio.Lock | None = None
         for w in range(n):  # fail on unpicklable factories now, before anything is spawned
             self._config_bytes(w)
@@ -232,30 +231,17 @@ class MultiCollectorBase(CollectorLifecycle):
 
     # -- liveness ----------------------------------------------------------------------------
     def _mark_busy(self, w: int) -> None:
-        """Worker ``w`` was just sent work: remember its progress count, restart its clock."""
-        control = self._control[w]
-        count = -1 if control is None else int(control[_PROGRESS])
-        self._sent[w], self._seen[w] = count, (count, time.monotonic())
+        self._liveness.work_sent(w, self._control[w])
 
     def _silent(self) -> list[tuple[int, float, int]]:
-        """``(worker, seconds, progress)`` of workers that owe work and made no progress since last seen."""
-        pump, now, out = self._pump, time.monotonic(), []
+        pump = self._pump
         if pump is None:
-            return out
-        for w, control in enumerate(self._control):
-            if control is None or not pump.alive[w]:
-                continue
-            count, busy = int(control[_PROGRESS]), bool(control[_BUSY])
-            # The worker says it is working, or it has not even received the work last sent
-            # and some is owed (outstanding batches are only known finished once read, so
-            # the owed count alone would blame a worker whose batch waits unread).
-            owed = len(self._outstanding[w]) > len(pump.pending[w]) or pump.acked[w] < self._version
-            seen, since = self._seen[w]
-            if count != seen or not (busy or (owed and count == self._sent[w])):
-                self._seen[w] = (count, now)  # progress, or idle: the clock starts again
-            else:
-                out.append((w, now - since, count))
-        return out
+            return []
+
+        def owed(w: int) -> bool:  # a batch not yet delivered, or a weight acknowledgement
+            return len(self._outstanding[w]) > len(pump.pending[w]) or pump.acked[w] < self._version
+
+        return self._liveness.silent(self._control, pump.alive, owed)
 
     def _watchdog(self) -> float | None:
         """Fail (or restart) stalled workers; return when to check again (``None``: no need)."""
@@ -278,15 +264,15 @@ class MultiCollectorBase(CollectorLifecycle):
         if self._restarts_left > 0 and pid is not None:
             # SIGKILL (which a stopped process also obeys): the pump then sees the exit and
             # supervision restarts the worker as after any crash.
-            self._seen[w] = (count, time.monotonic())
+            self._liveness.forgive(w, count)
             os.kill(pid, 9)
             return
         pump.alive[w] = False
-        pump.failures.append(WorkerTimeoutError(w, pid, count, seconds, self._mc.worker_timeout or 0.0, _state_of(pid)))
+        pump.failures.append(WorkerTimeoutError(w, pid, count, seconds, self._mc.worker_timeout or 0.0, process_state(pid)))
 
     def _stalled_workers(self) -> tuple[int, ...]:
         """Workers that owe work and made no progress for 10 s (or half of ``worker_timeout``)."""
-        limit = min(_STALL_REPORT, (self._mc.worker_timeout or 2 * _STALL_REPORT) / 2)
+        limit = min(STALL_REPORT, (self._mc.worker_timeout or 2 * STALL_REPORT) / 2)
         return tuple(w for w, seconds, _ in self._silent() if seconds >= limit)
 
     # -- collection --------------------------------------------------------------------------
@@ -488,14 +474,3 @@ class MultiCollectorBase(CollectorLifecycle):
             dropped_batches=self._dropped_batches, stalled_workers=self._stalled_workers(),
         )  # fmt: skip
 
-
-def _state_of(pid: int | None) -> str:
-    """How a stalled worker's process looks from outside (Linux), for the error message."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return "it is stuck in its env or policy, or stopped"
-    if state in ("T", "t"):
-        return "its process is stopped (SIGSTOP or a debugger)"
-    return "it is blocked in its env or policy (or waiting on something they wait on)"

@@ -1,0 +1,71 @@
+"""Liveness of worker processes: which workers owe work and have stopped making progress.
+
+A worker bumps a progress count in its shared control words at every env step and every
+command it handles, and holds a busy flag while it works. The parent never gets a message
+from a worker that is stopped (``SIGSTOP``) or blocked inside its env, so it looks at those
+counts instead, whenever it waits on workers (and for ``stats()``). A worker is *silent* when
+it owes the parent something and its count has not moved since the parent last looked.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["STALL_REPORT", "Liveness", "process_state"]
+
+STALL_REPORT = 10.0  # seconds of silence after which stats() lists a worker that owes work
+
+
+class Liveness:
+    """Per-worker progress clocks (not thread-safe: the collector's event loop owns it).
+
+    Args:
+        num_workers: How many workers to track.
+        progress: Index of the progress count in a worker's control words.
+        busy: Index of the busy flag in a worker's control words.
+    """
+
+    def __init__(self, num_workers: int, progress: int, busy: int) -> None:
+        self._progress, self._busy = progress, busy
+        self._seen: list[tuple[int, float]] = [(-1, 0.0)] * num_workers  # count last seen, since when
+        self._sent: list[int] = [-1] * num_workers  # the count when work was last sent
+
+    def work_sent(self, w: int, control: Any) -> None:
+        """Worker ``w`` was just sent work: remember its count and restart its clock."""
+        count = -1 if control is None else int(control[self._progress])
+        self._sent[w], self._seen[w] = count, (count, time.monotonic())
+
+    def silent(self, controls: Sequence[Any], alive: Sequence[bool], owed: Callable[[int], bool]) -> list[tuple[int, float, int]]:
+        """``(worker, seconds, count)`` of live workers that owe work and made no progress since last seen."""
+        now, out = time.monotonic(), []
+        for w, control in enumerate(controls):
+            if control is None or not alive[w]:
+                continue
+            count, busy = int(control[self._progress]), bool(control[self._busy])
+            # The worker says it is working, or it has not even received the work last sent
+            # while work is owed (a finished batch is only known once its message is read, so
+            # what is owed alone would blame a worker whose batch waits unread).
+            seen, since = self._seen[w]
+            if count != seen or not (busy or (count == self._sent[w] and owed(w))):
+                self._seen[w] = (count, now)  # progress, or idle: the clock starts again
+            else:
+                out.append((w, now - since, count))
+        return out
+
+    def forgive(self, w: int, count: int) -> None:
+        """Restart worker ``w``'s clock without progress (it is being restarted)."""
+        self._seen[w] = (count, time.monotonic())
+
+
+def process_state(pid: int | None) -> str:
+    """How a silent worker's process looks from outside (Linux ``/proc``), for error messages."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "it is stuck in its env or policy, or stopped"
+    if state in ("T", "t"):
+        return "its process is stopped (SIGSTOP or a debugger)"
+    return "it is blocked in its env or policy (or waiting on something they wait on)"
