@@ -16,6 +16,7 @@ from ._errors import AiocollectError as AiocollectError
 from ._errors import BufferClosedError as BufferClosedError
 from ._errors import BufferEmptyError as BufferEmptyError
 from ._errors import CollectorClosedError as CollectorClosedError
+from ._errors import EnvOutputError as EnvOutputError
 from ._errors import PolicyOutputError as PolicyOutputError
 from ._errors import WorkerCrashedError as WorkerCrashedError
 from ._errors import WorkerError as WorkerError
@@ -60,6 +61,7 @@ __all__ = (
     "CollectorClosedError",
     "CollectorStats",
     "DataCollectorBase",
+    "EnvOutputError",
     "EnvSpec",
     "MemmapStorage",
     "MemoryStorage",

@@ -16,9 +16,10 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from ._errors import EnvOutputError
 from ._specs import EnvSpec, NestedKey
 
-__all__ = ["AsyncBatchedEnv", "BatchedEnv", "StepArrays", "StepOut"]
+__all__ = ["AsyncBatchedEnv", "BatchedEnv", "StepArrays", "StepOut", "obs_label", "output_shape_error"]
 
 #: (observation dict, reward ``[*B]`` float32, terminated ``[*B]`` bool, truncated ``[*B]`` bool)
 StepArrays = tuple[dict[NestedKey, torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]
@@ -42,21 +43,88 @@ class StepOut:
     flags_np: tuple[Any, Any, Any, Any]
 
 
+def output_shape_error(
+    env: str, what: str, got: Any, method: str, promise: str, fix: str, where: str = ""
+) -> EnvOutputError:
+    """The error for an env output whose shape is not the promised one (one format for every env kind).
+
+    Reads "env CartPole-v1 (gymnasium.Env) returned observation of shape (2, 2) from step();
+    its observation_space promises (4,); fix the env or its observation_space".
+    """
+    return EnvOutputError(f"env {env} returned {what} of shape {tuple(got)} from {method}{where}; {promise}; {fix}")
+
+
+def obs_label(key: NestedKey) -> str:
+    """How errors name an observation key: ``observation``, ``observation 'pixels'``, ..."""
+    return "observation" if key == "observation" else f"observation {key!r}"
+
+
+class _Promise:
+    """The output shapes an `EnvSpec` promises, computed once and compared on every step."""
+
+    def __init__(self, spec: EnvSpec) -> None:
+        self.spec = spec
+        self.batch = torch.Size(spec.batch_size)
+        self.batch1 = torch.Size((*spec.batch_size, 1))  # TorchRL's [*B, 1] reward/done layout
+        self.obs = {k: torch.Size((*spec.batch_size, *s.shape)) for k, s in spec.observation.items()}
+
+
+def _describe(env: _EnvBase) -> str:
+    kind = "AsyncBatchedEnv" if isinstance(env, AsyncBatchedEnv) else "BatchedEnv"
+    return f"{type(env).__name__} (aiocollect.{kind})"
+
+
+def _obs(env: _EnvBase, promise: _Promise, td: TensorDictBase, method: str) -> dict[NestedKey, torch.Tensor]:
+    want = promise.obs
+    obs = {k: td.get(k) for k in want}
+    for k, v in obs.items():
+        if v.shape != want[k]:
+            nb = len(promise.batch)
+            rule = (
+                f"its spec promises {tuple(want[k])} (batch_size {tuple(promise.batch)} + "
+                f"observation shape {tuple(want[k][nb:])})"
+            )
+            raise output_shape_error(_describe(env), obs_label(k), v.shape, method, rule, "fix the env or its spec")
+    return obs
+
+
+def _flag(env: _EnvBase, promise: _Promise, value: torch.Tensor, key: str) -> torch.Tensor:
+    if value.shape == promise.batch:
+        return value
+    if value.shape == promise.batch1:
+        return value.reshape(promise.batch)  # a view
+    rule = f"its spec's batch_size promises {tuple(promise.batch)} (or {tuple(promise.batch1)})"
+    raise output_shape_error(_describe(env), key, value.shape, "step()", rule, "fix the env or its spec")
+
+
 class _EnvBase:
     spec: EnvSpec
     #: Adapters whose ``_reset_arrays`` accepts a numpy mask set this (the gymnasium ones).
     _numpy_masks = False
+    _spec_shapes: _Promise | None = None
 
+    def _promised(self) -> _Promise:
+        promise = self._spec_shapes
+        if promise is None or promise.spec is not self.spec:
+            promise = self._spec_shapes = _Promise(self.spec)
+        return promise
+
+    # The TensorDict protocol's outputs are checked against the spec here, so a wrong shape
+    # raises instead of being broadcast or reshaped into the batch; (*B, 1) flags (TorchRL's
+    # layout) are the one accepted variant.
     def _unpack_reset(self, td: TensorDictBase) -> dict[NestedKey, torch.Tensor]:
-        return {k: td.get(k) for k in self.spec.observation}
+        return _obs(self, self._promised(), td, "reset()")
 
     def _unpack_step(self, td: TensorDictBase) -> StepArrays:
-        shape = self.spec.batch_size
-        obs = {k: td.get(k) for k in self.spec.observation}
-        reward = td.get("reward").reshape(shape).to(torch.float32)
-        terminated = td.get("terminated").reshape(shape).to(torch.bool)
+        promise = self._promised()
+        obs = _obs(self, promise, td, "step()")
+        reward = _flag(self, promise, td.get("reward"), "reward").to(torch.float32)
+        terminated = _flag(self, promise, td.get("terminated"), "terminated").to(torch.bool)
         truncated = td.get("truncated", None)
-        truncated = torch.zeros(shape, dtype=torch.bool) if truncated is None else truncated.reshape(shape).bool()
+        if truncated is None:
+            truncated = torch.zeros(promise.batch, dtype=torch.bool)
+        else:
+            truncated = _flag(self, promise, truncated, "truncated").bool()
         return obs, reward, terminated, truncated
 
     def close(self) -> None:
@@ -104,8 +172,9 @@ class BatchedEnv(_EnvBase, ABC):
             seeds: One seed per env (all envs, in order), or ``None`` to continue the env RNGs.
 
         Returns:
-            A TensorDict of shape ``batch_size`` holding every observation key. Rows outside
-            ``mask`` are ignored by the collector.
+            A TensorDict of shape ``batch_size`` holding every observation key, each of shape
+            ``(*batch_size, *spec.observation[key].shape)``. Rows outside ``mask`` are ignored
+            by the collector.
         """
 
     @abstractmethod
@@ -113,8 +182,10 @@ class BatchedEnv(_EnvBase, ABC):
         """Step every env with ``action`` (a TensorDict holding the action keys).
 
         Returns:
-            A TensorDict of shape ``batch_size`` with the next observation keys, ``"reward"``,
-            ``"terminated"`` and (optionally) ``"truncated"``.
+            A TensorDict of shape ``batch_size`` with the next observation keys (shaped as in
+            `reset`), ``"reward"``, ``"terminated"`` and (optionally) ``"truncated"``, each of
+            shape ``batch_size`` or TorchRL's ``(*batch_size, 1)``. The collector raises
+            `EnvOutputError` for any other shape; it never reshapes or broadcasts.
         """
 
     def _reset_arrays(self, mask: torch.Tensor | None, seeds: Sequence[int] | None) -> dict[NestedKey, torch.Tensor]:

@@ -7,6 +7,7 @@ __all__ = [
     "BufferClosedError",
     "BufferEmptyError",
     "CollectorClosedError",
+    "EnvOutputError",
     "PolicyOutputError",
     "WorkerCrashedError",
     "WorkerError",
@@ -39,6 +40,10 @@ class BufferEmptyError(WouldBlock, LookupError):
 
 class PolicyOutputError(AiocollectError, ValueError):
     """Raised when a policy's output does not match the environment's action spec."""
+
+
+class EnvOutputError(AiocollectError, ValueError):
+    """Raised when an environment returns an entry whose shape differs from the one its spec promises."""
 
 
 class WorkerError(AiocollectError):

@@ -10,8 +10,8 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from ._envs import BatchedEnv, StepArrays, StepOut
-from ._gym_spaces import flatten_space, to_gym_action, write_obs, write_row
+from ._envs import BatchedEnv, StepArrays, StepOut, output_shape_error
+from ._gym_spaces import Source, flatten_space, obs_shape_error, to_gym_action, write_obs, write_row
 from ._specs import EnvSpec, NestedKey
 
 __all__ = ["wrap_gymnasium"]
@@ -31,6 +31,14 @@ def wrap_gymnasium(env: gym.Env[Any, Any] | gym.vector.VectorEnv, *, one_hot: bo
     Returns:
         A `BatchedEnv` whose observation and action keys follow TorchRL's layout.
 
+    Raises:
+        TypeError: ``env`` is not a gymnasium env, or uses a space that has no tensor form.
+
+    Each observation the env returns must have its space's shape (a vector env's:
+    ``(num_envs, *shape)``, and one reward/terminated/truncated value per sub-env); any
+    other shape raises `EnvOutputError` from ``reset``/``step``, naming the env, the key and
+    both shapes. Values are never reshaped or broadcast into the batch.
+
     Examples:
         >>> import gymnasium as gym
         >>> env = wrap_gymnasium(gym.make("CartPole-v1"))
@@ -45,6 +53,12 @@ def wrap_gymnasium(env: gym.Env[Any, Any] | gym.vector.VectorEnv, *, one_hot: bo
     raise TypeError(f"wrap_gymnasium needs a gymnasium.Env or gymnasium.vector.VectorEnv, got {type(env).__name__}")
 
 
+def _source(env: Any, kind: str, space: str) -> Source:
+    """Name the env in shape errors by its gymnasium id, else by its (unwrapped) class."""
+    name = getattr(getattr(env, "spec", None), "id", None) or type(getattr(env, "unwrapped", env)).__name__
+    return Source(f"{name} ({kind})", space)
+
+
 def _plain(leaves: list[Any]) -> bool:
     """One leaf at the top of the space, stored as gymnasium gives it (no offset, no one-hot)."""
     if len(leaves) != 1 or leaves[0].path != ():
@@ -56,8 +70,8 @@ def _plain(leaves: list[Any]) -> bool:
 class _GymBase(BatchedEnv):
     _numpy_masks = True  # _reset_arrays takes the collector's numpy done masks
 
-    def __init__(self, env: Any, obs_space: Any, act_space: Any, batch: torch.Size, one_hot: bool) -> None:
-        self.env = env
+    def __init__(self, env: Any, obs_space: Any, act_space: Any, batch: torch.Size, one_hot: bool, src: Source) -> None:
+        self.env, self._src = env, src
         self._obs_leaves = flatten_space(obs_space, "observation", one_hot=one_hot)
         self._act_leaves = flatten_space(act_space, "action", one_hot=one_hot)
         self.spec = EnvSpec(
@@ -105,17 +119,18 @@ class _GymBase(BatchedEnv):
 
 class _GymSingle(_GymBase):
     def __init__(self, env: gym.Env[Any, Any], one_hot: bool) -> None:
-        super().__init__(env, env.observation_space, env.action_space, torch.Size([]), one_hot)
+        src = _source(env, "gymnasium.Env", "observation_space")
+        super().__init__(env, env.observation_space, env.action_space, torch.Size([]), one_hot, src)
 
     def _reset_arrays(self, mask: torch.Tensor | None, seeds: Sequence[int] | None) -> dict[NestedKey, torch.Tensor]:
         obs, _ = self.env.reset(seed=None if seeds is None else int(seeds[0]))
-        write_obs(self._obs_leaves, obs, self._reset_obs)
+        write_obs(self._obs_leaves, obs, self._reset_obs, self._src, "reset()")
         return self._reset_obs
 
     def _step_arrays(self, action: dict[NestedKey, torch.Tensor], out: StepOut | None = None) -> StepArrays:
         obs, reward, term, trunc, _ = self.env.step(self._gym_action(action, single=True))
         out = self._obs if out is None else out.next_obs
-        write_obs(self._obs_leaves, obs, out)
+        write_obs(self._obs_leaves, obs, out, self._src, "step()")
         return (
             out,
             torch.tensor(float(reward), dtype=torch.float32),
@@ -126,9 +141,12 @@ class _GymSingle(_GymBase):
 
 class _GymVector(_GymBase):
     def __init__(self, env: gym.vector.VectorEnv, one_hot: bool) -> None:
-        super().__init__(
-            env, env.single_observation_space, env.single_action_space, torch.Size([env.num_envs]), one_hot
-        )
+        src = _source(env, "gymnasium.vector.VectorEnv", "single_observation_space")
+        batch = torch.Size([env.num_envs])
+        super().__init__(env, env.single_observation_space, env.single_action_space, batch, one_hot, src)
+        # Promised shapes, as tuples: numpy's .shape is a tuple, so each check is one compare.
+        self._flag_shape = (env.num_envs,)
+        self._plain_shape = (env.num_envs, *self._obs_leaves[0].spec.shape) if self._plain_obs else None
         mode = env.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
         self._same_step = gym.vector.AutoresetMode(mode) == gym.vector.AutoresetMode.SAME_STEP
         self._auto_reset = np.zeros(env.num_envs, dtype=np.bool_)
@@ -139,7 +157,7 @@ class _GymVector(_GymBase):
             mask = mask.numpy()
         if mask is None or (bool(mask.all()) and not self._same_step):
             obs, _ = self.env.reset(seed=seed)
-            write_obs(self._obs_leaves, obs, self._reset_obs)
+            write_obs(self._obs_leaves, obs, self._reset_obs, self._src, "reset()")
             self._auto_reset[:] = False
             return self._reset_obs
         # In SAME_STEP mode gymnasium already reset the rows that ended during step() and their
@@ -148,7 +166,7 @@ class _GymVector(_GymBase):
         need = mask.astype(np.bool_, copy=False) & ~self._auto_reset
         if need.any():
             obs, _ = self.env.reset(seed=seed, options={"reset_mask": need})
-            write_obs(self._obs_leaves, obs, self._reset_obs, rows=need)
+            write_obs(self._obs_leaves, obs, self._reset_obs, self._src, "reset()", rows=need)
         self._auto_reset[:] = False
         return self._reset_obs
 
@@ -157,9 +175,12 @@ class _GymVector(_GymBase):
         if isinstance(out, StepOut) and self._plain_obs:
             return self._step_into(out, obs, reward, term, trunc, info)
         out = self._obs if out is None else out.next_obs  # the collector's storage: one copy fewer
-        write_obs(self._obs_leaves, obs, out)
-        term_t = torch.from_numpy(np.asarray(term, dtype=np.bool_))
-        trunc_t = torch.from_numpy(np.asarray(trunc, dtype=np.bool_))
+        write_obs(self._obs_leaves, obs, out, self._src, "step()")
+        reward = np.asarray(reward, dtype=np.float32)
+        term, trunc = np.asarray(term, dtype=np.bool_), np.asarray(trunc, dtype=np.bool_)
+        want = self._flag_shape
+        if reward.shape != want or term.shape != want or trunc.shape != want:
+            self._check_flags(reward, term, trunc)
         if self._same_step and "_final_obs" in info:
             # gymnasium returned reset observations for finished rows and put the terminal
             # ones in info; the transition must hold the terminal observation.
@@ -169,16 +190,40 @@ class _GymVector(_GymBase):
             for k, v in out.items():
                 self._reset_obs[k].copy_(v)
             for i in np.flatnonzero(self._auto_reset):
-                write_row(self._obs_leaves, info["final_obs"][i], out, int(i))
-        return out, torch.from_numpy(np.asarray(reward, dtype=np.float32)), term_t, trunc_t
+                write_row(self._obs_leaves, info["final_obs"][i], out, int(i), self._src, "step()", _final(i))
+        return out, torch.from_numpy(reward), torch.from_numpy(term), torch.from_numpy(trunc)
+
+    def _check_flags(self, reward: Any, term: Any, trunc: Any) -> None:
+        """Raise for the first of reward/terminated/truncated that is not one value per sub-env."""
+        n = self.env.num_envs
+        for name, value in (("reward", reward), ("terminated", term), ("truncated", trunc)):
+            if np.shape(value) != (n,):
+                rule = f"a VectorEnv with num_envs={n} promises ({n},)"
+                fix = f"fix the env to return one {name} value per sub-env"
+                raise output_shape_error(self._src.env, name, np.shape(value), "step()", rule, fix)
+
+    def _check_step(self, obs: Any, dst: Any, reward: Any, term: Any, trunc: Any) -> None:
+        """`_step_into`'s slow check, for values that are not plain arrays (or have a wrong shape)."""
+        if np.shape(obs) != dst.shape:
+            raise obs_shape_error(self._src, self._obs_leaves[0], obs, self._flag_shape, "step()")
+        self._check_flags(reward, term, trunc)
 
     def _step_into(self, out: StepOut, obs: Any, reward: Any, term: Any, trunc: Any, info: Any) -> StepArrays:
         # Everything lands in the collector's storage with numpy writes, which cost far less
         # than torch ones at this size; the collector sees its own tensors come back.
         key = self._obs_leaves[0].key
         dst = out.next_obs_np[key]
-        np.copyto(dst, obs, casting="unsafe")
         rew, term_dst, trunc_dst, done = out.flags_np
+        # np.copyto broadcasts: compare shapes first (four tuple compares, no copies, ~0.3 us),
+        # so a wrongly shaped value raises instead of being spread over the batch.
+        want = self._flag_shape
+        try:
+            ok = obs.shape == self._plain_shape and reward.shape == want and term.shape == want and trunc.shape == want
+        except AttributeError:  # lists or scalars: numpy works out their shapes
+            ok = False
+        if not ok:
+            self._check_step(obs, dst, reward, term, trunc)
+        np.copyto(dst, obs, casting="unsafe")
         np.copyto(rew, reward, casting="unsafe")
         np.copyto(term_dst, term, casting="unsafe")
         np.copyto(trunc_dst, trunc, casting="unsafe")
@@ -188,7 +233,14 @@ class _GymVector(_GymBase):
             # ones in info: keep the former for the collector, record the latter.
             self._auto_reset = np.asarray(info["_final_obs"], dtype=np.bool_).copy()
             np.copyto(self._reset_obs_np[key], dst)
-            final = info["final_obs"]
+            final, row = info["final_obs"], self._plain_shape[1:]  # type: ignore[index]
             for i in np.flatnonzero(self._auto_reset):
-                dst[i] = final[i]
+                f = final[i]
+                if getattr(f, "shape", None) != row and np.shape(f) != row:
+                    raise obs_shape_error(self._src, self._obs_leaves[0], f, (), "step()", _final(i))
+                dst[i] = f
         return out.next_obs, out.flags[0], out.flags[1], out.flags[2]
+
+
+def _final(i: Any) -> str:
+    return f" as info['final_obs'][{int(i)}]"

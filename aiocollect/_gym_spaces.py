@@ -14,9 +14,11 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
+from ._envs import obs_label, output_shape_error
+from ._errors import EnvOutputError
 from ._specs import ArraySpec, NestedKey
 
-__all__ = ["Leaf", "flatten_space", "to_gym_action", "write_obs", "write_row"]
+__all__ = ["Leaf", "Source", "flatten_space", "obs_shape_error", "to_gym_action", "write_obs", "write_row"]
 
 
 @dataclass
@@ -96,6 +98,8 @@ def _get(value: Any, path: tuple[Any, ...]) -> Any:
 def _converter(leaf: Leaf) -> Callable[[Any], torch.Tensor]:
     # torch cannot wrap numpy arrays with negative strides (np.flipud, img[::-1], ... are
     # valid observations), so views are made contiguous; contiguous arrays are not copied.
+    # np.asarray(order="C") rather than np.ascontiguousarray, which turns a 0-d value (a
+    # Discrete or shape-() Box observation) into shape (1,): shapes must come out as they came in.
     if leaf.spec.kind == "one_hot":
         n, start = leaf.spec.n, leaf.start
         # one_hot only takes int64 indices; a Discrete value may be any numpy integer type.
@@ -104,32 +108,92 @@ def _converter(leaf: Leaf) -> Callable[[Any], torch.Tensor]:
         )
     if leaf.start is not None and np.any(leaf.start != 0):
         start = leaf.start
-        return lambda a: torch.as_tensor(np.asarray(a) - start, dtype=torch.int64)
+
+        def shifted(a: Any) -> torch.Tensor:
+            a = np.asarray(a)
+            d = a - start
+            # A MultiDiscrete start would broadcast a wrongly shaped value to the right shape:
+            # hand back the value as it came, so the caller's shape check sees it.
+            return torch.as_tensor(d if d.shape == a.shape else a, dtype=torch.int64)
+
+        return shifted
     if leaf.spec.kind in ("discrete", "multi_discrete"):
-        return lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
-    return lambda a: torch.from_numpy(np.ascontiguousarray(a))
+        return lambda a: torch.from_numpy(np.asarray(a, dtype=np.int64, order="C"))
+    return lambda a: torch.from_numpy(np.asarray(a, order="C"))
 
 
-def write_obs(leaves: list[Leaf], value: Any, out: dict[NestedKey, torch.Tensor], rows: Any = None) -> None:
+@dataclass(frozen=True)
+class Source:
+    """The env whose values are being written, as shape errors name it.
+
+    ``env`` reads like ``"CartPole-v1 (gymnasium.Env)"``; ``space`` is the attribute that
+    holds the per-env observation space (``"observation_space"`` or
+    ``"single_observation_space"``).
+    """
+
+    env: str
+    space: str
+
+
+def obs_shape_error(
+    src: Source, leaf: Leaf, value: Any, batch: tuple[int, ...], method: str, where: str = ""
+) -> EnvOutputError:
+    """The error for a gymnasium observation leaf ``value`` whose shape breaks the space's promise.
+
+    Shapes are given as gymnasium sees them (before one-hot encoding); ``batch`` is ``()`` for
+    one env's value and ``(num_envs,)`` for a vector env's batched value.
+    """
+    want = tuple(leaf.space.shape or ())
+    space = src.space + "".join(f"[{p!r}]" for p in leaf.path)
+    rule = f"its {space} promises {want}"
+    if batch:
+        rule += f" per env, {(*batch, *want)} for {batch[0]} envs"
+    fix = f"fix the env or its {src.space}"
+    return output_shape_error(src.env, obs_label(leaf.key), np.shape(value), method, rule, fix, where)
+
+
+def write_obs(
+    leaves: list[Leaf], value: Any, out: dict[NestedKey, torch.Tensor], src: Source, method: str, rows: Any = None
+) -> None:
     """Copy a batched gymnasium observation into the preallocated tensors of ``out`` (in place).
 
     ``rows`` (a boolean numpy mask) selects the env rows to write; ``None`` writes all rows.
+    A value whose shape is not the one ``out`` holds raises `EnvOutputError` (never reshaped).
     """
     for leaf in leaves:
-        t = leaf.convert(_get(value, leaf.path) if leaf.path else value)
+        raw = _get(value, leaf.path) if leaf.path else value
+        t = leaf.convert(raw)
         dst = out[leaf.key]
+        if t.shape != dst.shape:
+            raise obs_shape_error(src, leaf, raw, tuple(dst.shape[: dst.dim() - len(leaf.spec.shape)]), method)
         if rows is None:
-            dst.copy_(t if t.shape == dst.shape else t.reshape(dst.shape))
+            dst.copy_(t)
         else:
             sel = torch.from_numpy(rows)
-            dst[sel] = t.reshape(dst.shape)[sel].to(dst.dtype)
+            dst[sel] = t[sel].to(dst.dtype)
 
 
-def write_row(leaves: list[Leaf], value: Any, out: dict[NestedKey, torch.Tensor], row: int) -> None:
-    """Copy one env's gymnasium observation into row ``row`` of the tensors of ``out``."""
+def write_row(
+    leaves: list[Leaf],
+    value: Any,
+    out: dict[NestedKey, torch.Tensor],
+    row: int,
+    src: Source,
+    method: str,
+    where: str = "",
+) -> None:
+    """Copy one env's gymnasium observation into row ``row`` of the tensors of ``out``.
+
+    ``where`` says where the value came from when that is not the method's return value
+    (e.g. ``" as info['final_obs'][3]"``); shape errors quote it.
+    """
     for leaf in leaves:
+        raw = _get(value, leaf.path)
+        t = leaf.convert(raw)
         dst = out[leaf.key][row]
-        dst.copy_(leaf.convert(_get(value, leaf.path)).reshape(dst.shape))
+        if t.shape != dst.shape:
+            raise obs_shape_error(src, leaf, raw, (), method, where)
+        dst.copy_(t)
 
 
 def to_gym_action(leaves: list[Leaf], action: dict[NestedKey, torch.Tensor], single: bool) -> Any:

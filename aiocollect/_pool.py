@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import sys
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 import anyio
@@ -10,8 +11,11 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from ._envs import AsyncBatchedEnv, StepArrays
-from ._gym_spaces import flatten_space, to_gym_action, write_row
+from ._gym_spaces import Source, flatten_space, to_gym_action, write_row
 from ._specs import EnvSpec, NestedKey
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
 
 __all__ = ["AsyncEnv", "AsyncEnvPool"]
 
@@ -63,6 +67,8 @@ class AsyncEnvPool(AsyncBatchedEnv):
             action={leaf.key: leaf.spec for leaf in self._act_leaves},
         )
         self._obs = {k: s.zeros((n,)) for k, s in self.spec.observation.items()}
+        # How shape errors name each env.
+        self._src = [Source(f"{type(e).__name__} (AsyncEnvPool env {i})", "observation_space") for i, e in enumerate(envs)]
         self._reward = torch.zeros(n)
         self._term = torch.zeros(n, dtype=torch.bool)
         self._trunc = torch.zeros(n, dtype=torch.bool)
@@ -72,23 +78,19 @@ class AsyncEnvPool(AsyncBatchedEnv):
 
         async def one(i: int) -> None:
             obs, _ = await self.envs[i].reset(seed=None if seeds is None else int(seeds[i]))
-            write_row(self._obs_leaves, obs, self._obs, i)
+            write_row(self._obs_leaves, obs, self._obs, i, self._src[i], "reset()")
 
-        async with anyio.create_task_group() as tg:
-            for i in rows:
-                tg.start_soon(one, i)
+        await _each(one, rows)
         return self._obs
 
     async def _step_arrays(self, action: dict[NestedKey, torch.Tensor]) -> StepArrays:
         async def one(i: int) -> None:
             act = to_gym_action(self._act_leaves, {k: v[i] for k, v in action.items()}, single=True)
             obs, reward, term, trunc, _ = await self.envs[i].step(act)
-            write_row(self._obs_leaves, obs, self._obs, i)
+            write_row(self._obs_leaves, obs, self._obs, i, self._src[i], "step()")
             self._reward[i], self._term[i], self._trunc[i] = float(reward), bool(term), bool(trunc)
 
-        async with anyio.create_task_group() as tg:
-            for i in range(len(self.envs)):
-                tg.start_soon(one, i)
+        await _each(one, range(len(self.envs)))
         return self._obs, self._reward, self._term, self._trunc
 
     async def reset(self, mask: torch.Tensor | None = None, seeds: Sequence[int] | None = None) -> TensorDictBase:
@@ -109,6 +111,25 @@ class AsyncEnvPool(AsyncBatchedEnv):
             close = getattr(env, "close", None)
             if close is not None and not _is_coro_fn(close):
                 close()
+
+
+async def _each(fn: Callable[[int], Awaitable[None]], rows: Iterable[int]) -> None:
+    """Run ``fn(i)`` for every row concurrently; a single failure is raised as itself.
+
+    The task group wraps errors in an ExceptionGroup; one env's error (say, an observation
+    of the wrong shape) reads better, and is caught by ``except ValueError``, on its own.
+    """
+    error: Exception | None = None
+    try:
+        async with anyio.create_task_group() as tg:
+            for i in rows:
+                tg.start_soon(fn, i)
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) != 1 or not isinstance(group.exceptions[0], Exception):
+            raise
+        error = group.exceptions[0]
+    if error is not None:
+        raise error  # outside the except block: the error keeps its own __cause__/__context__
 
 
 def _is_coro_fn(fn: Any) -> bool:
