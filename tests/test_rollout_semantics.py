@@ -504,7 +504,7 @@ def test_frames_per_batch_rounds_up_to_env_batch() -> None:
 
 def test_total_frames_not_divisible_warns_and_rounds_up() -> None:
     setup = make_setup(None, (), single_length=3)
-    with pytest.warns(UserWarning, match=r"not divisible.*past total_frames"):
+    with pytest.warns(UserWarning, match=r"not divisible by frames_per_batch \(10\); the last batch will take collection to 30 frames$"):
         collector = SyncDataCollector(setup, frames_per_batch=10, total_frames=25)
     with collector as c:
         assert len(c) == 3
