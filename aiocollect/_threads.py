@@ -174,12 +174,12 @@ class _Pending(Generic[T]):
     def __init__(self) -> None:
         self.value: Any = None
         self.error: BaseException | None = None
-        self._done = threading.Event()
+        self._done = False  # set by the lane thread before it wakes the loop
         self._event = anyio.Event()
         self._schedule = current_scheduler()
 
     def finish(self) -> None:
-        self._done.set()
+        self._done = True
         if self._schedule is not None:
             try:
                 self._schedule(self._event.set)
@@ -187,7 +187,7 @@ class _Pending(Generic[T]):
                 pass
 
     async def result(self) -> T:
-        if not self._done.is_set():
+        if not self._done:
             await self._event.wait()
         if self.error is not None:
             error, self.error = self.error, None  # no reference cycle through the traceback
