@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 from typing import Any
 
 import anyio
@@ -14,6 +13,7 @@ from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
 from ._config import make_env, validate_config
+from ._errors import warn_user
 from ._envs import AsyncBatchedEnv
 from ._lifecycle import CollectorLifecycle
 from ._policy import PolicyAdapter
@@ -184,11 +184,10 @@ class Collector(CollectorLifecycle):
             await self._lane.aclose()
             return
         self._lane.close()  # its daemon thread is stuck in user code: it cannot keep the process alive
-        warnings.warn(
+        warn_user(
             f"the env did not finish its {'step and close' if env is not None else 'construction'} within "
             f"shutdown_timeout={timeout}s; it was left running in a daemon thread",
             RuntimeWarning,
-            stacklevel=3,
         )
 
     def _close_now(self) -> None:
