@@ -612,6 +612,40 @@ def _dist_version(name: str) -> str:
         return "not installed"
 
 
+def paired(w: Workload, pairs: int) -> list[float]:
+    """aiocollect/bare-loop speed ratios of single batches that alternate in one process.
+
+    Both run side by side from the start, so a drift of the machine's speed (±20% from
+    minute to minute on a small VM) hits both alike: each pair times one batch of each, in
+    alternating order (ABBA), and its ratio is bare-loop time over SyncDataCollector time.
+    """
+    bare = bare_loop(w.env_fn(), w.policy, FPB, 10**15, same_step=True)
+    ratios: list[float] = []
+    with aiocollect.SyncDataCollector(w.env_fn(), w.policy, frames_per_batch=FPB, total_frames=-1) as c:
+        aio = iter(c)
+        for _ in range(3):  # warm-up: allocation, first-call costs
+            next(bare), next(aio)
+        for i in range(pairs):
+            order = (bare, aio) if i % 2 == 0 else (aio, bare)
+            took = {}
+            for it in order:
+                t0 = time.perf_counter()
+                next(it)
+                took[id(it)] = time.perf_counter() - t0
+            ratios.append(took[id(bare)] / took[id(aio)])
+    bare.close()
+    return ratios
+
+
+def run_paired(workloads: list[Workload], pairs: int, log: Callable[[str], None]) -> None:
+    log(f"\npaired: {pairs} alternating batch pairs per workload (ratio = aiocollect speed / bare loop)")
+    log("\n| workload | median | p25 | p75 | min | max |\n| --- | ---: | ---: | ---: | ---: | ---: |")
+    for w in workloads:
+        r = sorted(paired(w, pairs))
+        q = lambda f: r[min(len(r) - 1, int(f * len(r)))]  # noqa: E731
+        log(f"| {w.title} | {statistics.median(r):.2f}x | {q(0.25):.2f}x | {q(0.75):.2f}x | {r[0]:.2f}x | {r[-1]:.2f}x |")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         description=(__doc__ or "").split("\n\n")[0],
@@ -641,6 +675,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--no-verify",
         action="store_true",
         help="skip checking that the bare loop and aiocollect produce identical data",
+    )
+    ap.add_argument(
+        "--paired",
+        type=int,
+        metavar="N",
+        help="only the paired mode: N alternating batches of the bare loop and SyncDataCollector "
+        "in one process; prints the median speed ratio (robust to machine drift)",
     )
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     ap.add_argument("--strict", action="store_true", help="exit with status 1 if a target FAILs")
@@ -693,6 +734,9 @@ def main(argv: list[str] | None = None) -> int:
         log("  WARNING: the machine is not idle; other processes share the CPUs and add noise.")
 
     workloads = [w for w in make_workloads() if not args.workload or w.key in args.workload]
+    if args.paired:
+        run_paired(workloads, args.paired, log)
+        return 0
     titles = {w.key: w.title for w in workloads}
     checks: list[tuple[str, bool | None, str]] = []
 
