@@ -56,7 +56,8 @@ class ThreadLane:
     Env steps and policy calls run here instead of in the event loop's worker threads. A
     call is abandoned (not waited for) when its caller is cancelled, so cancellation takes
     effect at once; `stop` is set at the same time so cooperative code (the rollout checks
-    it every step) finishes soon after, and `wait_idle` bounds how long teardown waits.
+    it every step) finishes soon after; teardown queues its work behind that call (`run_final`)
+    under its own deadline.
 
     The thread is a daemon, unlike asyncio's worker threads, which the interpreter joins at
     exit: an env step that never returns must not keep the user's process alive. The
@@ -122,15 +123,6 @@ class ThreadLane:
         """Block the calling thread until no call runs, for at most ``timeout`` seconds."""
         if self._busy.acquire(timeout=timeout):
             self._busy.release()
-            return True
-        return False
-
-    async def wait_idle(self, timeout: float | None) -> bool:
-        """Wait until no call is running; return False if ``timeout`` expired first."""
-        if self.idle:
-            return True
-        with anyio.move_on_after(timeout):
-            await self.run_final(lambda: None)  # runs once every earlier call has returned
             return True
         return False
 
