@@ -7,45 +7,53 @@ blocking twins.
 
 from __future__ import annotations
 
-from ._blocking_base import DataCollectorBase as DataCollectorBase
-from ._buffer import ReplayBuffer as ReplayBuffer
-from ._collector import Collector as Collector
-from ._envs import AsyncBatchedEnv as AsyncBatchedEnv
-from ._envs import BatchedEnv as BatchedEnv
-from ._errors import AiocollectError as AiocollectError
-from ._errors import BufferClosedError as BufferClosedError
-from ._errors import BufferEmptyError as BufferEmptyError
-from ._errors import CollectorClosedError as CollectorClosedError
-from ._errors import EnvOutputError as EnvOutputError
-from ._errors import PolicyOutputError as PolicyOutputError
-from ._errors import WorkerCrashedError as WorkerCrashedError
-from ._errors import WorkerError as WorkerError
-from ._errors import WorkerTimeoutError as WorkerTimeoutError
-from ._errors import WouldBlock as WouldBlock
-from ._gym import wrap_gymnasium as wrap_gymnasium
-from ._multi import AsyncCollector as AsyncCollector
-from ._multi import MultiAsyncCollector as MultiAsyncCollector
-from ._multi import MultiSyncCollector as MultiSyncCollector
-from ._pool import AsyncEnvPool as AsyncEnvPool
-from ._prioritized import PrioritizedSampler as PrioritizedSampler
-from ._samplers import RandomSampler as RandomSampler
-from ._samplers import Sampler as Sampler
-from ._samplers import SamplerWithoutReplacement as SamplerWithoutReplacement
-from ._slices import SliceSampler as SliceSampler
-from ._specs import ArraySpec as ArraySpec
-from ._specs import EnvSpec as EnvSpec
-from ._split import split_trajectories as split_trajectories
-from ._stats import BufferStats as BufferStats
-from ._stats import CollectorStats as CollectorStats
-from ._storage import MemmapStorage as MemmapStorage
-from ._storage import MemoryStorage as MemoryStorage
-from ._storage import SharedMemoryStorage as SharedMemoryStorage
-from ._storage import Storage as Storage
+import importlib
+from typing import Any
+
 from ._version import __version__ as __version__
-from .blocking import AsyncCollector as aSyncDataCollector
-from .blocking import Collector as SyncDataCollector
-from .blocking import MultiAsyncCollector as MultiaSyncDataCollector
-from .blocking import MultiSyncCollector as MultiSyncDataCollector
+
+# Public names are imported on first use (PEP 562), so that ``import aiocollect`` stays cheap
+# and a worker process that imports only the worker loop never pays for tensordict.
+_LAZY: dict[str, tuple[str, str]] = {
+    "DataCollectorBase": ("._blocking_base", "DataCollectorBase"),
+    "ReplayBuffer": ("._buffer", "ReplayBuffer"),
+    "Collector": ("._collector", "Collector"),
+    "AsyncBatchedEnv": ("._envs", "AsyncBatchedEnv"),
+    "BatchedEnv": ("._envs", "BatchedEnv"),
+    "AiocollectError": ("._errors", "AiocollectError"),
+    "BufferClosedError": ("._errors", "BufferClosedError"),
+    "BufferEmptyError": ("._errors", "BufferEmptyError"),
+    "CollectorClosedError": ("._errors", "CollectorClosedError"),
+    "EnvOutputError": ("._errors", "EnvOutputError"),
+    "PolicyOutputError": ("._errors", "PolicyOutputError"),
+    "WorkerCrashedError": ("._errors", "WorkerCrashedError"),
+    "WorkerError": ("._errors", "WorkerError"),
+    "WorkerTimeoutError": ("._errors", "WorkerTimeoutError"),
+    "WouldBlock": ("._errors", "WouldBlock"),
+    "wrap_gymnasium": ("._gym", "wrap_gymnasium"),
+    "AsyncCollector": ("._multi", "AsyncCollector"),
+    "MultiAsyncCollector": ("._multi", "MultiAsyncCollector"),
+    "MultiSyncCollector": ("._multi", "MultiSyncCollector"),
+    "AsyncEnvPool": ("._pool", "AsyncEnvPool"),
+    "PrioritizedSampler": ("._prioritized", "PrioritizedSampler"),
+    "RandomSampler": ("._samplers", "RandomSampler"),
+    "Sampler": ("._samplers", "Sampler"),
+    "SamplerWithoutReplacement": ("._samplers", "SamplerWithoutReplacement"),
+    "SliceSampler": ("._slices", "SliceSampler"),
+    "ArraySpec": ("._specs", "ArraySpec"),
+    "EnvSpec": ("._specs", "EnvSpec"),
+    "split_trajectories": ("._split", "split_trajectories"),
+    "BufferStats": ("._stats", "BufferStats"),
+    "CollectorStats": ("._stats", "CollectorStats"),
+    "MemmapStorage": ("._storage", "MemmapStorage"),
+    "MemoryStorage": ("._storage", "MemoryStorage"),
+    "SharedMemoryStorage": ("._storage", "SharedMemoryStorage"),
+    "Storage": ("._storage", "Storage"),
+    "aSyncDataCollector": (".blocking", "AsyncCollector"),
+    "SyncDataCollector": (".blocking", "Collector"),
+    "MultiaSyncDataCollector": (".blocking", "MultiAsyncCollector"),
+    "MultiSyncDataCollector": (".blocking", "MultiSyncCollector"),
+}
 
 __all__ = (
     "AiocollectError",
@@ -89,16 +97,22 @@ __all__ = (
 )
 
 
-def _fixup_module_metadata(module_name: str, namespace: dict[str, object]) -> None:
+def __getattr__(name: str) -> Any:
+    try:
+        module, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    obj = getattr(importlib.import_module(module, __name__), attr)
     # trio's trick: reprs, tracebacks and pickles name the public path, not the private module.
-    for name in namespace.get("__all__", ()):  # type: ignore[union-attr]
-        obj = namespace[name]  # type: ignore[index]
-        mod = getattr(obj, "__module__", None)
-        if isinstance(mod, str) and mod.startswith("aiocollect._"):
-            try:
-                obj.__module__ = module_name  # type: ignore[attr-defined]
-            except (AttributeError, TypeError):
-                pass
+    mod = getattr(obj, "__module__", None)
+    if isinstance(mod, str) and mod.startswith("aiocollect._"):
+        try:
+            obj.__module__ = __name__
+        except (AttributeError, TypeError):
+            pass
+    globals()[name] = obj
+    return obj
 
 
-_fixup_module_metadata(__name__, globals())
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
