@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "AiocollectError",
     "BufferClosedError",
@@ -153,11 +155,11 @@ class _RemoteTraceback(Exception):
         return f"\n\"\"\"\n{self.tb}\"\"\""
 
 
-def worker_error_from_message(worker_id: int, pid: int | None, msg: tuple[object, ...]) -> WorkerError:
-    """Build the `WorkerError` for an ``("error", step, payload, text, traceback)`` message."""
+def worker_error_from_message(worker_id: int, pid: int | None, msg: Any) -> WorkerError:
+    """Build the `WorkerError` for a worker's ``Failed`` record (step, exception, summary, traceback)."""
     import pickle
 
-    _, step, payload, text, tb = msg
+    step, payload, text, tb = msg.step, msg.exception, msg.summary, msg.traceback
     err = WorkerError(worker_id, pid, step, str(text))  # type: ignore[arg-type]
     original: BaseException | None = None
     if payload is not None:

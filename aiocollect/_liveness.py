@@ -1,7 +1,7 @@
 """Liveness of worker processes: which workers owe work and have stopped making progress.
 
-A worker bumps a progress count in its shared control words at every env step and every
-command it handles, and holds a busy flag while it works. The parent never gets a message
+A worker bumps a progress count in its control words at every env step and every command
+it handles, and holds a busy flag while it works; its transport reads them for us. The parent never gets a message
 from a worker that is stopped (``SIGSTOP``) or blocked inside its env, so it looks at those
 counts instead, whenever it waits on workers (and for ``stats()``). A worker is *silent* when
 it owes the parent something and its count has not moved since the parent last looked.
@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Optional
 
 __all__ = ["STALL_REPORT", "Liveness", "process_state"]
 
 STALL_REPORT = 10.0  # seconds of silence after which stats() lists a worker that owes work
+
+
+#: A worker's progress count and busy flag, or None when it is not running.
+Progress = Optional[tuple[int, bool]]
 
 
 class Liveness:
@@ -23,27 +27,24 @@ class Liveness:
 
     Args:
         num_workers: How many workers to track.
-        progress: Index of the progress count in a worker's control words.
-        busy: Index of the busy flag in a worker's control words.
     """
 
-    def __init__(self, num_workers: int, progress: int, busy: int) -> None:
-        self._progress, self._busy = progress, busy
+    def __init__(self, num_workers: int) -> None:
         self._seen: list[tuple[int, float]] = [(-1, 0.0)] * num_workers  # count last seen, since when
         self._sent: list[int] = [-1] * num_workers  # the count when work was last sent
 
-    def work_sent(self, w: int, control: Any) -> None:
+    def work_sent(self, w: int, progress: Progress) -> None:
         """Worker ``w`` was just sent work: remember its count and restart its clock."""
-        count = -1 if control is None else int(control[self._progress])
+        count = -1 if progress is None else progress[0]
         self._sent[w], self._seen[w] = count, (count, time.monotonic())
 
-    def silent(self, controls: Sequence[Any], alive: Sequence[bool], owed: Callable[[int], bool]) -> list[tuple[int, float, int]]:
+    def silent(self, progress: Sequence[Progress], alive: Sequence[bool], owed: Callable[[int], bool]) -> list[tuple[int, float, int]]:
         """``(worker, seconds, count)`` of live workers that owe work and made no progress since last seen."""
         now, out = time.monotonic(), []
-        for w, control in enumerate(controls):
-            if control is None or not alive[w]:
+        for w, p in enumerate(progress):
+            if p is None or not alive[w]:
                 continue
-            count, busy = int(control[self._progress]), bool(control[self._busy])
+            count, busy = p
             # The worker says it is working, or it has not even received the work last sent
             # while work is owed (a finished batch is only known once its message is read, so
             # what is owed alone would blame a worker whose batch waits unread).

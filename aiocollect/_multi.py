@@ -19,7 +19,6 @@ from tensordict.nn import InteractionType
 from ._multi_base import MultiCollectorBase
 from ._multi_config import resolve_multi_config
 from ._threads import to_thread
-from ._workers._worker_main import _PREEMPT
 
 __all__ = ["AsyncCollector", "MultiAsyncCollector", "MultiSyncCollector"]
 
@@ -68,7 +67,7 @@ class _MultiCollector(MultiCollectorBase):
         worker_timeout: float | None = 300.0,
         shutdown_timeout: float = 10.0,
         backend: str = "subprocess",
-        start_method: str = "spawn",
+        start_method: str | None = None,
     ) -> None:
         mc = resolve_multi_config(
             sync=self._sync, create_env_fn=create_env_fn, num_workers=num_workers, policy=policy,
@@ -118,8 +117,11 @@ _ARGS_DOC = """
             with ``restart_workers`` it is killed and restarted. Detected within 1.25x this
             time. ``None`` disables the check; `stats` lists stalled workers either way.
         shutdown_timeout: Seconds each worker gets to exit before it is terminated, then killed.
-        backend: Worker backend (``"subprocess"``).
-        start_method: ``"spawn"`` (default) or ``"forkserver"``.
+        backend: Where workers run: ``"subprocess"`` (default: local processes) or
+            ``"inline"`` (threads of this process; for tests and debugging).
+        start_method: With ``backend="subprocess"``: ``"forkserver"`` (the default on Linux:
+            every collector after the first starts its workers in a fraction of a second)
+            or ``"spawn"``.
         **others: Every other argument has `Collector`'s meaning; device arguments and
             ``create_env_kwargs`` may be lists with one entry per worker.
 """
@@ -170,9 +172,8 @@ class MultiSyncCollector(_MultiCollector):
             quorum = max(1, int(n * p))
             await pump.until(lambda: sum(1 for q in pump.pending if q) >= quorum)
             for w in range(n):
-                control = self._control[w]
-                if not pump.pending[w] and control is not None:
-                    control[_PREEMPT] = seqs[w]  # cut this batch short at the worker's next step
+                if not pump.pending[w]:
+                    self._transport.preempt(w, seqs[w])  # type: ignore[union-attr]  # cut short at its next step
         await pump.until(lambda: all(pump.pending[w] for w in range(n)))
         taken = [self._take(w) for w in range(n)]
         if self._direct:

@@ -1,15 +1,15 @@
-"""The engine shared by the multi-process collectors: workers, slots, weights and supervision.
+"""The engine shared by the multi-worker collectors: workers, weights, supervision, liveness.
 
-The parent never touches an env. Each worker runs the same rollout engine as `Collector` in
-its own process and writes each batch into one of its two shared-memory slots (or, with a
-replay buffer, straight into the buffer's rows); the parent reads a finished slot and hands
-it back. Pipes carry only the small commands of ``_workers._worker_main``.
+The parent never touches an env. Each worker runs the worker loop (``_workers._loop``) and
+writes each batch into one of its output slots (or, with a replay buffer, straight into the
+buffer's rows); the engine reads a finished slot and hands it back. Where workers run and
+how slots, weights and signals reach them is the `Transport`'s business: this module never
+sees a process, a file descriptor or shared memory.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import time
 from typing import Any
 
@@ -19,30 +19,21 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from ._errors import (
-    CollectorClosedError,
-    WorkerCrashedError,
-    WorkerTimeoutError,
-    first_failure,
-    worker_error_from_message,
-)
+from ._errors import CollectorClosedError, WorkerCrashedError, WorkerTimeoutError, first_failure
 from ._lifecycle import CollectorLifecycle
 from ._liveness import STALL_REPORT, Liveness, process_state
 from ._multi_config import MultiConfig
 from ._pump import Pump
 from ._seeding import check_seed
-from ._shm import SharedBlock, layout_nbytes
 from ._storage import SharedMemoryStorage
 from ._threads import to_thread
-from ._weights import WeightBlock
-from ._workers import get_worker_backend
-from ._workers._base import WorkerHandle
-from ._workers._worker_main import _BUSY, _PROGRESS, _STOP, CONTROL_WORDS, WorkerConfig
+from ._weights import state_of, weights_layout
+from ._workers import get_transport
+from ._workers._loop import SLOTS
+from ._workers._messages import ApplyWeights, Collect, Reset, Seed, WorkerSpec
+from ._workers._transport import Transport
 
 __all__ = ["SLOTS", "MultiCollectorBase"]
-
-SLOTS = 2  # double buffering: a worker fills one slot while the parent reads the other
-_CONTROL = 64  # bytes after a worker's slots: the control words below
 
 
 class MultiCollectorBase(CollectorLifecycle):
@@ -50,7 +41,8 @@ class MultiCollectorBase(CollectorLifecycle):
 
     def _init_multi(self, mc: MultiConfig, policy: Any, replay_buffer: Any, **traj_args: Any) -> None:
         self._mc, self._cfg = mc, mc.cfg
-        self._backend = get_worker_backend(mc.backend)
+        self._transport_class = get_transport(mc.backend)
+        self._transport: Transport | None = None
         self._policy = policy
         self._num_workers = n = mc.num_workers
         self._restarts_left = mc.restart_workers
@@ -58,26 +50,24 @@ class MultiCollectorBase(CollectorLifecycle):
         self._generation = [0] * n
         self._seed_root: np.random.SeedSequence | None = None
         self._worker_seeds: list[Any] = [None] * n
-        self._weights = WeightBlock.for_policy(policy)
-        self._workers: list[WorkerHandle] = []
-        self._slots: list[list[dict[Any, torch.Tensor]]] = [[] for _ in range(n)]
-        self._control: list[torch.Tensor | None] = [None] * n
+        self._weights_layout = weights_layout(policy)
+        self._published = False  # whether workers must start from the transport's weights
+        self._unpublished: Any = None  # weights given before the transport existed
         self._outstanding: list[dict[int, Any]] = [{} for _ in range(n)]  # slot -> reservation (or None)
         self._idle: list[list[int]] = [list(range(SLOTS)) for _ in range(n)]  # slots free to dispatch
         self._batch_shapes: dict[int, tuple[int, ...]] = {}
         self._saved_threads: int | None = None
         self._pump: Pump | None = None
-        # Liveness: per worker, the progress count last seen and when it was first seen.
-        self._liveness = Liveness(n, _PROGRESS, _BUSY)
+        self._liveness = Liveness(n)
         self._update_lock: anyio.Lock | None = None
         for w in range(n):  # fail on unpicklable factories now, before anything is spawned
-            self._config_bytes(w)
+            self._spec_bytes(w)
         self._init_lifecycle(
             mc.cfg.total_frames, mc.total_fpb, mc.cfg.max_queued_batches, replay_buffer, **traj_args,
             postprocessing=mc.cfg.split_trajs or mc.cfg.postproc is not None,
         )  # fmt: skip
-        rb = self._rb
-        if rb is not None and not rb.storage.shareable:
+        rb, memory = self._rb, self._transport_class.memory
+        if rb is not None and memory == "host" and not rb.storage.shareable:
             if rb.storage.built:
                 raise TypeError(
                     f"the replay buffer's {type(rb.storage).__name__} lives in this process only; worker processes "
@@ -85,21 +75,22 @@ class MultiCollectorBase(CollectorLifecycle):
                 )
             rb.storage = SharedMemoryStorage(ndim=rb.storage.ndim)  # not built yet: no data to move
         # Post-processing (and trajectory assembly) runs in the parent, so those batches
-        # reach the buffer through it; all others are written by the workers themselves.
-        self._direct = self._batch_rb is not None and not (self._cfg.split_trajs or self._cfg.postproc is not None)
+        # reach the buffer through it, as do all batches of workers that cannot reach the
+        # buffer's memory; all others are written by the workers themselves.
+        post = self._cfg.split_trajs or self._cfg.postproc is not None
+        self._direct = self._batch_rb is not None and not post and memory != "none"
 
-    def _config_bytes(self, w: int) -> bytes:
+    def _spec_bytes(self, w: int) -> bytes:
         mc = self._mc
-        cfg = WorkerConfig(
+        spec = WorkerSpec(
             worker_id=w, num_workers=self._num_workers, collector=mc.worker_cfgs[w],
             policy=None if mc.factories[w] is not None else self._policy, policy_factory=mc.factories[w],
-            num_sub_threads=mc.num_sub_threads, weights_layout=self._weights.layout if self._weights else None,
-            policy_version=self._version, seed=self._worker_seeds[w],
-            traj_start=w + self._num_workers * (self._generation[w] << 40),
+            num_sub_threads=mc.num_sub_threads, policy_version=self._version, load_weights=self._published,
+            seed=self._worker_seeds[w], traj_start=w + self._num_workers * (self._generation[w] << 40),
             preemptible=mc.preemptive_threshold is not None,
         )  # fmt: skip
         try:
-            return cloudpickle.dumps(cfg)
+            return cloudpickle.dumps(spec)
         except Exception as exc:
             raise TypeError(
                 f"the env factory or policy for worker {w} cannot be pickled for the worker process ({exc}); "
@@ -109,13 +100,15 @@ class MultiCollectorBase(CollectorLifecycle):
     # -- lifecycle hooks ---------------------------------------------------------------------
     async def _start(self) -> None:
         # TorchRL's default: leave the cores to the workers (restored at shutdown).
-        if self._weights is not None:  # the policy may have changed since construction
-            self._weights.copy_in(self._weights.state_of(self._policy))
         self._saved_threads = torch.get_num_threads()
         torch.set_num_threads(self._mc.num_threads or max(1, self._saved_threads - self._num_workers))
         self._update_lock = anyio.Lock()
-        self._workers = [self._backend(w, self._mc.start_method) for w in range(self._num_workers)]
-        self._pump = Pump(self._workers, self._on_exit, self._watchdog)
+        transport = self._transport = self._transport_class(
+            self._num_workers, self._mc.transport_options, self._weights_layout
+        )
+        if self._unpublished is not None:
+            self._publish(self._unpublished)
+        self._pump = Pump(transport, self._on_exit, self._watchdog)
         errors: list[BaseException] = []
 
         async def start(w: int) -> None:
@@ -131,64 +124,40 @@ class MultiCollectorBase(CollectorLifecycle):
             raise first_failure(errors)
 
     async def _start_worker(self, w: int) -> None:
-        handle = self._workers[w]
-        await handle.start(self._config_bytes(w), self._weights.block if self._weights else None)
-        for expected in ("layout", "ready"):
-            msg = await handle.receive()
-            if msg[0] == "error":
-                raise worker_error_from_message(w, handle.pid, msg)
-            if msg[0] == "exited":
-                raise WorkerCrashedError(w, handle.pid, msg[1], during_startup=True)
-            if msg[0] != expected:
-                raise RuntimeError(f"worker {w} sent {msg[0]!r} during startup, expected {expected!r}")
-            if expected == "layout":
-                self._give_slots(w, handle, msg[1])
-        assert self._pump is not None
-        self._pump.alive[w] = True
-        self._pump.acked[w] = self._version
-        self._mark_busy(w)
-
-    def _give_slots(self, w: int, handle: WorkerHandle, layout: Any) -> None:
-        slot_bytes = layout_nbytes(layout)
-        block = SharedBlock(SLOTS * slot_bytes + _CONTROL)
-        handle.send(("slots", SLOTS, slot_bytes))
-        assert block.fd is not None
-        handle.send_fd(block.fd)
-        self._slots[w] = [block.views(layout, i * slot_bytes) for i in range(SLOTS)]
-        self._control[w] = block.views([("control", (CONTROL_WORDS,), torch.int64)], SLOTS * slot_bytes)["control"]
-        block.close_fd()
-        self._batch_shapes[w] = tuple(self._slots[w][0][("collector", "worker_id")].shape)
+        transport, pump = self._transport, self._pump
+        assert transport is not None and pump is not None
+        layout = await transport.start(w, self._spec_bytes(w))
+        shape = next(tuple(s) for k, s, _ in layout if k == ("collector", "worker_id"))  # [*env_batch, T]
+        self._batch_shapes[w] = shape
         if self._direct:
-            shape = self._batch_shapes[w]
             frames = [(k, s[len(shape) :], d) for k, s, d in layout]
             self._rb.build(frames, shape[-1])
             self._rb.storage.check_layout(frames)
-            handle_info, fd = self._rb.storage.share()
-            handle.send(("storage", handle_info, fd is not None))
-            if fd is not None:
-                handle.send_fd(fd)
+            transport.attach_storage(w, self._rb.storage)
+        pump.alive[w] = True
+        pump.acked[w] = self._version
+        self._mark_busy(w)
 
     async def _on_exit(self, w: int, exitcode: int | None) -> None:
-        assert self._pump is not None
-        pid = self._workers[w].pid
-        await self._workers[w].stop(self._cfg.shutdown_timeout)
+        transport, pump = self._transport, self._pump
+        assert transport is not None and pump is not None
+        pid = transport.pid(w)
+        await transport.stop(w, self._cfg.shutdown_timeout)
         lost = sorted(self._outstanding[w])
         for slot in lost:  # their rows were never (fully) written
             self._release_slot(w, slot, commit=False)
         if self._restarts_left <= 0 or self._closed:
-            self._pump.failures.append(WorkerCrashedError(w, pid, exitcode))
+            pump.failures.append(WorkerCrashedError(w, pid, exitcode))
             return
-        # Supervision: a fresh process, a fresh seed stream, the current weights; the batches
+        # Supervision: a fresh worker, a fresh seed stream, the current weights; the batches
         # it had in flight are dropped (and counted), then asked for again.
         self._restarts_left -= 1
         self._restarts += 1
         self._generation[w] += 1
         self._dropped_batches += len(lost)
-        self._pump.pending[w].clear()
+        pump.pending[w].clear()
         if self._seed_root is not None:
             self._worker_seeds[w] = self._seed_root.spawn(1)[0]
-        self._workers[w] = self._pump.workers[w] = self._backend(w, self._mc.start_method)
-        self._control[w] = None
         await self._start_worker(w)
         await self._redispatch_after_restart(w, lost)
 
@@ -197,33 +166,35 @@ class MultiCollectorBase(CollectorLifecycle):
             await self._dispatch(w, slot)
 
     async def _close_resources(self) -> None:
-        for control in self._control:
-            if control is not None:
-                control[_STOP] = 1  # workers cut the batch in progress short and read "close" next
-        timeout = self._cfg.shutdown_timeout
-        with anyio.move_on_after(timeout * 3):
-            async with anyio.create_task_group() as tg:
-                for handle in self._workers:
-                    tg.start_soon(handle.stop, timeout)
+        if self._transport is not None:
+            await self._transport.aclose(self._cfg.shutdown_timeout)
         self._close_now()
 
     def _close_now(self) -> None:
-        for handle in self._workers:
-            handle.kill_now()
+        if self._transport is not None:
+            self._transport.close_now()
         for w in range(self._num_workers):  # workers are gone: nothing more will be written
             for slot in list(self._outstanding[w]):
                 self._release_slot(w, slot, commit=False)
-        if self._weights is not None:
-            self._weights.close()
-        # Dropping the views unmaps the blocks (each mapping holds a descriptor until then).
-        self._slots = [[] for _ in range(self._num_workers)]
-        self._control = [None] * self._num_workers
         if self._saved_threads is not None:
             torch.set_num_threads(self._saved_threads)
             self._saved_threads = None
 
+    def _publish(self, state: Any) -> None:
+        """Make ``state`` the weights workers load (now, or as soon as the transport exists)."""
+        if self._transport is None:
+            self._unpublished = {k: torch.as_tensor(v).detach().clone() for k, v in state.items()}
+            return
+        self._transport.publish_weights(state)
+        self._unpublished, self._published = None, True
+
     def _policy_version(self) -> int:
         return self._version
+
+    def _worker_pids(self) -> list[int | None]:
+        """The process id running each worker (``None``: not running)."""
+        t = self._transport
+        return [None if t is None else t.pid(w) for w in range(self._num_workers)]
 
     def _repr_extra(self) -> str:
         alive = sum(self._pump.alive) if self._pump is not None else 0
@@ -231,7 +202,8 @@ class MultiCollectorBase(CollectorLifecycle):
 
     # -- liveness ----------------------------------------------------------------------------
     def _mark_busy(self, w: int) -> None:
-        self._liveness.work_sent(w, self._control[w])
+        assert self._transport is not None
+        self._liveness.work_sent(w, self._transport.progress(w))
 
     def _silent(self) -> list[tuple[int, float, int]]:
         pump = self._pump
@@ -241,7 +213,8 @@ class MultiCollectorBase(CollectorLifecycle):
         def owed(w: int) -> bool:  # a batch not yet delivered, or a weight acknowledgement
             return len(self._outstanding[w]) > len(pump.pending[w]) or pump.acked[w] < self._version
 
-        return self._liveness.silent(self._control, pump.alive, owed)
+        progress = [self._transport.progress(w) for w in range(self._num_workers)]  # type: ignore[union-attr]
+        return self._liveness.silent(progress, pump.alive, owed)
 
     def _watchdog(self) -> float | None:
         """Fail (or restart) stalled workers; return when to check again (``None``: no need)."""
@@ -259,13 +232,13 @@ class MultiCollectorBase(CollectorLifecycle):
         return next_check
 
     def _on_stall(self, w: int, seconds: float, count: int) -> None:
-        pump, pid = self._pump, self._workers[w].pid
-        assert pump is not None
-        if self._restarts_left > 0 and pid is not None:
-            # SIGKILL (which a stopped process also obeys): the pump then sees the exit and
-            # supervision restarts the worker as after any crash.
+        pump, transport = self._pump, self._transport
+        assert pump is not None and transport is not None
+        pid = transport.pid(w)
+        if self._restarts_left > 0 and transport.can_kill:
+            # The pump then sees the exit and supervision restarts the worker as after any crash.
             self._liveness.forgive(w, count)
-            os.kill(pid, 9)
+            transport.kill(w)
             return
         pump.alive[w] = False
         pump.failures.append(WorkerTimeoutError(w, pid, count, seconds, self._mc.worker_timeout or 0.0, process_state(pid)))
@@ -291,8 +264,8 @@ class MultiCollectorBase(CollectorLifecycle):
         self._outstanding[w][slot] = reservation
         self._seq += 1
         self._mark_busy(w)
-        pieces = None if reservation is None else reservation.pieces
-        self._workers[w].send(("collect", slot, self._random(), self._seq, pieces))
+        pieces = None if reservation is None else tuple(reservation.pieces)
+        self._transport.send(w, Collect(slot, self._random(), self._seq, pieces))  # type: ignore[union-attr]
 
     async def _dispatch(self, w: int, slot: int) -> None:
         """Ask worker ``w`` for a batch in ``slot`` (waiting for buffer room if needed)."""
@@ -332,8 +305,8 @@ class MultiCollectorBase(CollectorLifecycle):
         """The slot of worker ``w``'s oldest finished batch, and a TensorDict view of it."""
         assert self._pump is not None
         slot = self._pump.pending[w].popleft()
-        views = self._slots[w][slot]
-        return slot, TensorDict(views, batch_size=views[("collector", "worker_id")].shape)
+        views = self._transport.batch(w, slot)  # type: ignore[union-attr]
+        return slot, TensorDict(dict(views), batch_size=self._batch_shapes[w])
 
     def _post(self, batch: TensorDictBase) -> TensorDictBase:
         if self._cfg.storing_device is not None:
@@ -374,7 +347,7 @@ class MultiCollectorBase(CollectorLifecycle):
         """
         if self._closed:
             raise CollectorClosedError(f"this {type(self).__name__} was shut down; create a new one")
-        if self._weights is None:
+        if self._weights_layout is None:
             raise TypeError(
                 "update_policy_weights_() needs an nn.Module policy= to define the shared weights; "
                 "pass policy= (it may be given together with policy_factory)"
@@ -382,13 +355,13 @@ class MultiCollectorBase(CollectorLifecycle):
         if policy_or_weights is not None and weights is not None:
             raise ValueError("pass weights either positionally or as weights=, not both")
         source = weights if weights is not None else policy_or_weights
-        state = self._weights.state_of(self._policy if source is None else source)
+        state = state_of(self._weights_layout, self._policy if source is None else source)
         async with self._update_lock or anyio.Lock():
             if self._started and self._pump is not None and self._version > 0:
-                # A worker that timed out on the last update may still be copying the shared
-                # weights: overwriting them now would hand it a torn mix of two versions.
+                # A worker that timed out on the last update may still be copying the
+                # published weights: overwriting them now would hand it a torn mix of two versions.
                 await self._await_acks(self._version, send=False)
-            await to_thread(self._weights.copy_in, state)
+            await to_thread(self._publish, state)
             self._version += 1
             if self._rb is not None:
                 self._rb.policy_version = self._version
@@ -405,7 +378,7 @@ class MultiCollectorBase(CollectorLifecycle):
         if send:
             for w in live:
                 self._mark_busy(w)
-                self._workers[w].send(("weights", version))
+                self._transport.send(w, ApplyWeights(version))  # type: ignore[union-attr]
         with anyio.move_on_after(self._mc.weight_sync_timeout):
             await pump.until(lambda: all(pump.acked[w] >= version or not pump.alive[w] for w in live))
             return
@@ -428,8 +401,8 @@ class MultiCollectorBase(CollectorLifecycle):
         self._seed_root = root
         self._worker_seeds = root.spawn(self._num_workers)
         if self._started:
-            for w, handle in enumerate(self._workers):
-                handle.send(("seed", self._worker_seeds[w]))
+            for w in range(self._num_workers):
+                self._transport.send(w, Seed(self._worker_seeds[w]))  # type: ignore[union-attr]
         return int(root.spawn(1)[0].generate_state(1)[0])
 
     def reset(self) -> None:
@@ -437,8 +410,9 @@ class MultiCollectorBase(CollectorLifecycle):
 
         In ``trajs_per_batch`` mode, unfinished and queued trajectories are dropped.
         """
-        for handle in self._workers:
-            handle.send(("reset",))
+        if self._transport is not None:
+            for w in range(self._num_workers):
+                self._transport.send(w, Reset())
         if self._traj is not None:
             self._traj.reset()
 
@@ -457,8 +431,8 @@ class MultiCollectorBase(CollectorLifecycle):
         pol = self._policy
         if state_dict.get("policy_state_dict") is not None and isinstance(pol, torch.nn.Module):
             pol.load_state_dict(state_dict["policy_state_dict"])
-            if self._weights is not None:
-                self._weights.copy_in(state_dict["policy_state_dict"])
+            if self._weights_layout is not None:
+                self._publish(state_of(self._weights_layout, state_dict["policy_state_dict"]))
         self._frames = int(state_dict["frames"])
         self._batches = int(state_dict["batches"])
         self._version = int(state_dict["policy_version"])

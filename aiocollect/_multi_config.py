@@ -34,8 +34,8 @@ class MultiConfig:
     restart_workers: int
     weight_sync_timeout: float
     worker_timeout: float | None
-    start_method: str
     backend: str
+    transport_options: dict[str, Any]  # validated by the backend's Transport.check_options
 
     @property
     def num_workers(self) -> int:
@@ -143,11 +143,12 @@ def resolve_multi_config(
     check_int("restart_workers", restart_workers, minimum=0)
     t = check_seconds("weight_sync_timeout", weight_sync_timeout)
     wt = check_seconds("worker_timeout", worker_timeout, allow_none=True)
-    if start_method not in ("spawn", "forkserver"):
-        raise ValueError(f"start_method must be 'spawn' or 'forkserver' (fork is unsafe with threads), got {start_method!r}")
+    from ._workers import get_transport
+
+    options = get_transport(backend).check_options({"start_method": start_method})
     return MultiConfig(
         cfg=cfg, worker_cfgs=worker_cfgs, factories=factories, cat=cat_results, total_fpb=total_fpb,
         update_at_each_batch=update_at_each_batch, preemptive_threshold=p, num_threads=num_threads,
         num_sub_threads=num_sub_threads, restart_workers=restart_workers, weight_sync_timeout=t, worker_timeout=wt,
-        start_method=start_method, backend=backend,
+        backend=backend, transport_options=options,
     )  # fmt: skip

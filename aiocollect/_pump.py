@@ -1,23 +1,22 @@
-"""The message pump: reads worker messages for whoever is waiting, one reader at a time.
+"""The event pump: reads worker events for whoever is waiting, one reader at a time.
 
-Every wait in a multi-process collector (a batch from each worker, the first batch from any
+Every wait in a multi-worker collector (a batch from each worker, the first batch from any
 worker, weight acknowledgements) is ``await pump.until(predicate)``. One waiter at a time
-reads sockets (racing all live workers by fd readiness) and records what arrived; the others
-sleep on an event that fires after each message. No message is read twice or dropped, and a
-cancelled waiter never consumes a message it does not record.
+reads the transport (which races all live workers) and records what arrived; the others
+sleep on an event that fires after each read. No event is read twice or dropped, and a
+cancelled waiter never consumes an event it does not record (the transport keeps it).
 """
 
 from __future__ import annotations
 
 import weakref
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
-
+from collections.abc import Awaitable, Callable
 import anyio
 
 from ._errors import first_failure
-from ._workers._base import WorkerHandle
+from ._workers._messages import BatchReady, Event, Exited, Failed, WeightsApplied
+from ._workers._transport import Transport
 
 __all__ = ["Pump"]
 
@@ -27,14 +26,15 @@ class Pump:
 
     def __init__(
         self,
-        workers: Sequence[WorkerHandle],
+        transport: Transport,
         on_exit: Callable[[int, int | None], Awaitable[None]],
         watchdog: Callable[[], float | None] | None = None,
     ) -> None:
-        self.workers = list(workers)
-        self.pending: list[deque[int]] = [deque() for _ in workers]  # slots with a fresh batch
-        self.acked: list[int] = [-1] * len(workers)  # last weights version each worker applied
-        self.alive: list[bool] = [True] * len(workers)
+        self.transport = transport
+        n = transport.num_workers
+        self.pending: list[deque[int]] = [deque() for _ in range(n)]  # slots with a fresh batch
+        self.acked: list[int] = [-1] * n  # last weights version each worker applied
+        self.alive: list[bool] = [False] * n  # set once a worker is started
         self.failures: list[BaseException] = []
         # A weak reference: the collector owns the pump, and a strong bound method back to it
         # would make a reference cycle that delays (and disorders) finalization of an
@@ -46,42 +46,30 @@ class Pump:
         self._lock = anyio.Lock()
         self._changed = anyio.Event()
 
-    def _dispatch(self, w: int, msg: tuple[Any, ...]) -> tuple[int, int | None] | None:
-        kind = msg[0]
-        if kind == "batch":
-            self.pending[w].append(msg[1])
-        elif kind == "ack":
-            self.acked[w] = max(self.acked[w], msg[1])
-        elif kind == "error":
+    def _dispatch(self, w: int, event: Event) -> tuple[int, int | None] | None:
+        if isinstance(event, BatchReady):
+            self.pending[w].append(event.slot)
+        elif isinstance(event, WeightsApplied):
+            self.acked[w] = max(self.acked[w], event.version)
+        elif isinstance(event, Failed):
             from ._errors import worker_error_from_message
 
             self.alive[w] = False
-            self.failures.append(worker_error_from_message(w, self.workers[w].pid, msg))
-        elif kind == "exited":
+            self.failures.append(worker_error_from_message(w, self.transport.pid(w), event))
+        elif isinstance(event, Exited):
             self.alive[w] = False
-            return (w, msg[1])
+            return (w, event.exitcode)
         else:
-            self.failures.append(RuntimeError(f"worker {w} sent an unexpected message {kind!r}"))
+            self.failures.append(RuntimeError(f"worker {w} sent an unexpected message {event!r}"))
         return None
 
-    async def _read_some(self, timeout: float | None) -> list[tuple[int, tuple[Any, ...]]]:
+    async def _read_some(self, timeout: float | None) -> list[tuple[int, Event]]:
         live = [w for w, ok in enumerate(self.alive) if ok]
-        got: list[tuple[int, tuple[Any, ...]]] = []
-        for w in live:  # fast path: whatever is already readable, without spawning tasks
-            msg = self.workers[w].receive_nowait()
-            if msg is not None:
-                got.append((w, msg))
+        got = self.transport.receive_nowait(live)
         if got or not live:
             return got
-
-        async def one(w: int, scope: anyio.CancelScope) -> None:
-            got.append((w, await self.workers[w].receive()))
-            scope.cancel()
-
         with anyio.move_on_after(timeout):
-            async with anyio.create_task_group() as tg:
-                for w in live:
-                    tg.start_soon(one, w, tg.cancel_scope)
+            got = await self.transport.receive(live)
         return got
 
     async def until(self, predicate: Callable[[], bool]) -> None:
@@ -99,8 +87,10 @@ class Pump:
                 continue
             async with self._lock:
                 exits = []
-                for w, msg in await self._read_some(next_check):
-                    ended = self._dispatch(w, msg)
+                for w, event in await self._read_some(next_check):
+                    if not self.alive[w]:
+                        continue  # a failed worker's last words (its exit) change nothing
+                    ended = self._dispatch(w, event)
                     if ended is not None:
                         exits.append(ended)
                 on_exit = self._on_exit()

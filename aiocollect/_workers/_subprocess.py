@@ -1,43 +1,55 @@
-"""The subprocess worker backend: one spawned process per worker.
+"""The subprocess transport: one local process per worker, memfd shared memory, Unix sockets.
 
 The parent talks to a worker through one Unix socket (a duplex ``multiprocessing`` pipe)
-carrying small tuples, and waits for it by file-descriptor readiness on the event loop, never
-by polling and never in a blocking ``recv`` on the loop thread. A worker that dies closes its
-end of the socket, so death wakes the same wait; the exit code then comes from the process
-sentinel. Tensors travel through shared memory blocks whose descriptors cross at spawn time
-(``DupFd``) or over the socket (``SCM_RIGHTS``).
+carrying the records of ``_messages``, and waits for it by file-descriptor readiness on the
+event loop, never by polling and never in a blocking ``recv`` on the loop thread. A worker
+that dies closes its end of the socket, so death wakes the same wait; the exit code then
+comes from the process sentinel. Output slots, control words and weights are memfd blocks
+(``_shm``) whose descriptors cross at spawn time (``DupFd``) or over the socket
+(``SCM_RIGHTS``): nothing is named in ``/dev/shm``, and the kernel frees the memory when the
+last process holding it is gone, even after SIGKILL.
+
+On Linux the default start method is ``forkserver`` with the worker modules preloaded: the
+first collector of a process pays for importing torch once, in the fork server, and every
+worker after that is forked from it ready to run.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.process
+import os
+import signal
 import threading
-from multiprocessing.reduction import DupFd, send_handle
+from collections import deque
+from collections.abc import Mapping
+from multiprocessing.reduction import send_handle
 from typing import Any
 
 import anyio
 import anyio.to_thread
 
-from .._shm import SharedBlock
-from ._base import WorkerHandle
-from ._worker_main import worker_main
+from .._errors import WorkerCrashedError, worker_error_from_message
+from ._messages import AttachStorage, Close, Command, Event, Exited, Failed, Ready
+from ._subprocess_main import CONTROL_BYTES, FdArg, SlotsGiven, SlotsWanted, subprocess_main
+from ._transport import BUSY, CONTROL_WORDS, PREEMPT, PROGRESS, STOP, Tensors, Transport
 
-__all__ = ["SubprocessWorker", "backend_class"]
+__all__ = ["SubprocessTransport", "transport_class"]
+
+START_METHODS = ("forkserver", "spawn")
+
+# What the fork server imports once, so each worker it forks starts with torch and the worker
+# loop loaded. Not tensordict: a worker with a plain nn.Module policy never needs it.
+_FORKSERVER_PRELOAD = [
+    "torch", "numpy", "gymnasium", "aiocollect._workers._subprocess_main",
+    "aiocollect._config", "aiocollect._policy", "aiocollect._rollout", "aiocollect._gym",
+]  # fmt: skip
+
+_START_LOCK = threading.Lock()
 
 
-class _FdArg:
-    """An fd to duplicate into a child *while it is being spawned* (no helper thread needed)."""
-
-    def __init__(self, fd: Any) -> None:
-        self.fd = fd
-
-    def __reduce__(self) -> Any:
-        return (_FdArg, (None if self.fd is None else DupFd(self.fd),))
-
-    def detach(self) -> int | None:
-        """In the child: the duplicated descriptor, now owned by the caller."""
-        return self.fd if self.fd is None or isinstance(self.fd, int) else self.fd.detach()
+def _default_start_method() -> str:
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
 def _check_not_bootstrapping() -> None:
@@ -48,50 +60,72 @@ def _check_not_bootstrapping() -> None:
         )
 
 
-# What the forkserver imports once, so each worker it forks starts with torch, tensordict
-# and the worker loop already loaded (tens of milliseconds instead of seconds per worker).
-_FORKSERVER_PRELOAD = ["torch", "tensordict", "gymnasium", "aiocollect", "aiocollect._workers._worker_main"]
-
-
-_START_LOCK = threading.Lock()
-
-
 def _preload_forkserver(ctx: Any) -> None:
-    # Only effective before the process's forkserver starts; it is shared by the process.
+    # Only effective before the process's fork server starts; it is shared by the process.
     from multiprocessing import forkserver
 
     if forkserver._forkserver._forkserver_pid is None:  # type: ignore[attr-defined]
         ctx.set_forkserver_preload(_FORKSERVER_PRELOAD)
 
 
-class SubprocessWorker(WorkerHandle):
-    """A worker in its own ``spawn``-ed process."""
+class _Proc:
+    """The parent's view of one worker process."""
 
-    def __init__(self, worker_id: int, start_method: str = "spawn") -> None:
-        self.worker_id = worker_id
-        self._ctx = multiprocessing.get_context(start_method)
-        if start_method == "forkserver":
+    def __init__(self) -> None:
+        self.process: Any = None
+        self.conn: Any = None
+        self.alive_w: Any = None
+        self.slots: list[dict[Any, Any]] = []
+        self.control: Any = None  # numpy view of the control words
+        self.exitcode: int | None = None
+
+
+class SubprocessTransport(Transport):
+    """Workers in local processes (``forkserver`` on Linux by default, or ``spawn``)."""
+
+    memory = "host"
+    can_kill = True
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        unknown = set(options) - {"start_method"}
+        if unknown:
+            raise TypeError(f"the subprocess backend takes no option {sorted(unknown)[0]!r}; its only option is start_method")
+        method = options.get("start_method")
+        if method is None:
+            method = _default_start_method()
+        if method not in START_METHODS or method not in multiprocessing.get_all_start_methods():
+            raise ValueError(
+                f"start_method must be 'forkserver' or 'spawn' (fork is unsafe with threads), got {method!r}"
+            )
+        return {"start_method": method}
+
+    def __init__(self, num_workers: int, options: dict[str, Any], weights_layout: Any) -> None:
+        super().__init__(num_workers, options, weights_layout)
+        self._ctx = multiprocessing.get_context(options["start_method"])
+        if options["start_method"] == "forkserver":
             _preload_forkserver(self._ctx)
-        self._process: Any = None
-        self._conn: Any = None
-        self._alive_w: Any = None
-        self._exitcode: int | None = None
+        self._procs = [_Proc() for _ in range(num_workers)]
+        self._early: deque[tuple[int, Event]] = deque()
+        self._weights: Any = None
+        if weights_layout is not None:
+            from .._weights import WeightBlock
 
-    @property
-    def pid(self) -> int | None:
-        return None if self._process is None else self._process.pid
+            self._weights = WeightBlock(weights_layout)  # filled by the first publish_weights
 
-    def _spawn(self, config_bytes: bytes, weights: SharedBlock | None) -> None:
+    # -- life --------------------------------------------------------------------------------
+    def _spawn(self, w: int, spec: bytes) -> None:
         _check_not_bootstrapping()
         parent, child = self._ctx.Pipe(duplex=True)
         alive_r, alive_w = self._ctx.Pipe(duplex=False)
-        weights_fd = _FdArg(None if weights is None else weights.fd)
+        weights = self._weights
         process = self._ctx.Process(
-            target=worker_main,
-            args=(child, alive_r, config_bytes, weights_fd, 0 if weights is None else weights.size),
-            name=f"aiocollect-worker-{self.worker_id}",
+            target=subprocess_main,
+            args=(child, alive_r, spec, FdArg(None if weights is None else weights.block.fd),
+                  0 if weights is None else weights.block.size, self.weights_layout),
+            name=f"aiocollect-worker-{w}",
             daemon=True,
-        )
+        )  # fmt: skip
         # Starting a process makes multiprocessing fix the *global* start method (it records
         # it for the child), after which the user's own set_start_method() fails. A library
         # must not do that: undo it if it was unset before.
@@ -108,44 +142,43 @@ class SubprocessWorker(WorkerHandle):
             # The child has its own copies now; keeping ours would hide the child's death.
             child.close()
             alive_r.close()
-        self._process, self._conn, self._alive_w = process, parent, alive_w
+        p = self._procs[w]
+        p.process, p.conn, p.alive_w, p.exitcode = process, parent, alive_w, None
 
-    async def start(self, config_bytes: bytes, weights: SharedBlock | None) -> None:
-        await anyio.to_thread.run_sync(self._spawn, config_bytes, weights)
+    async def start(self, w: int, spec: bytes) -> Any:
+        await anyio.to_thread.run_sync(self._spawn, w, spec)
+        p = self._procs[w]
+        while True:
+            msg = await self._receive_one(w)
+            if isinstance(msg, SlotsWanted):
+                self._give_slots(p, msg)
+            elif isinstance(msg, Ready):
+                return msg.layout
+            elif isinstance(msg, Failed):
+                raise worker_error_from_message(w, self.pid(w), msg)
+            elif isinstance(msg, Exited):
+                raise WorkerCrashedError(w, self.pid(w), msg.exitcode, during_startup=True)
+            else:  # pragma: no cover - a protocol bug
+                raise RuntimeError(f"worker {w} sent {msg!r} during start-up")
 
-    def send(self, message: tuple[Any, ...]) -> None:
+    def _give_slots(self, p: _Proc, msg: SlotsWanted) -> None:
+        import torch
+
+        from .._shm import SharedBlock, layout_nbytes
+
+        size = layout_nbytes(msg.layout)
+        block = SharedBlock(msg.count * size + CONTROL_BYTES)
         try:
-            self._conn.send(message)
-        except (OSError, EOFError, ValueError):
-            pass  # the worker is gone; receive() reports how it ended
+            p.conn.send(SlotsGiven(size))
+            assert block.fd is not None
+            send_handle(p.conn, block.fd, p.process.pid)
+        finally:
+            block.close_fd()  # the mapping stays while views of it live
+        p.slots = [block.views(msg.layout, i * size) for i in range(msg.count)]
+        p.control = block.views([("control", (CONTROL_WORDS,), torch.int64)], msg.count * size)["control"].numpy()
 
-    def send_fd(self, fd: int) -> None:
-        send_handle(self._conn, fd, self._process.pid)
-
-    def receive_nowait(self) -> tuple[Any, ...] | None:
-        conn = self._conn
-        if conn is None or not conn.poll():
-            return None
-        try:
-            return conn.recv()
-        except (EOFError, OSError):
-            return None  # the blocking receive() reaps the process and reports the exit
-
-    async def receive(self) -> tuple[Any, ...]:
-        conn = self._conn
-        if conn is None:
-            return ("exited", self._exitcode)
-        while not conn.poll():
-            await anyio.wait_readable(conn.fileno())
-        try:
-            return conn.recv()
-        except (EOFError, OSError):
-            # The socket closed: the worker exited. Reap it to learn how.
-            await self._join(5.0)
-            return ("exited", self._exitcode)
-
-    async def _join(self, timeout: float) -> bool:
-        process = self._process
+    async def _join(self, p: _Proc, timeout: float) -> bool:
+        process = p.process
         if process is None:
             return True
         if process.exitcode is None:
@@ -154,45 +187,145 @@ class SubprocessWorker(WorkerHandle):
                 # The sentinel fires when the child's fds close, a moment before the kernel
                 # makes it reapable: finish with a short blocking join off the loop thread.
                 await anyio.to_thread.run_sync(process.join, 1.0, abandon_on_cancel=True)
-        self._exitcode = process.exitcode
+        p.exitcode = process.exitcode
         return process.exitcode is not None
 
-    async def stop(self, timeout: float) -> None:
-        """Ask the worker to close, then terminate, then kill; reap it and close every fd."""
-        if self._process is None:
+    async def stop(self, w: int, timeout: float) -> None:
+        p = self._procs[w]
+        if p.process is None:
             return
-        self.send(("close",))
-        if not await self._join(timeout):
-            self._process.terminate()
-            if not await self._join(1.0):
-                self._process.kill()
-                await self._join(5.0)
-        self._release()
-
-    def kill_now(self) -> None:
-        """Synchronous last resort (garbage collection): kill and reap without waiting long."""
-        process = self._process
-        if process is None:
-            return
-        if process.exitcode is None:
-            process.kill()
-        process.join(1.0)
-        self._exitcode = process.exitcode
-        # The connections are not closed here: during garbage collection of a reference cycle
-        # their own finalizers may already have closed the descriptors, and closing a number
-        # twice could close an unrelated file that reused it. Dropping them lets each
-        # Connection close its descriptor exactly once.
-        self._process = self._conn = self._alive_w = None
-
-    def _release(self) -> None:
-        for conn in (self._conn, self._alive_w):
+        self.send(w, Close())
+        if not await self._join(p, timeout):
+            p.process.terminate()
+            if not await self._join(p, 1.0):
+                p.process.kill()
+                await self._join(p, 5.0)
+        for conn in (p.conn, p.alive_w):
             if conn is not None:
                 conn.close()
-        if self._process is not None:
-            self._process.join(1.0)  # never leave a zombie behind
-            if self._process.exitcode is not None:
-                self._process.close()
-        self._process = self._conn = self._alive_w = None
+        p.process.join(1.0)  # never leave a zombie behind
+        if p.process.exitcode is not None:
+            p.process.close()
+        p.process = p.conn = p.alive_w = None
+        # Dropping the views unmaps the block (each mapping holds a descriptor until then).
+        p.slots, p.control = [], None
+
+    def stop_nowait(self) -> None:
+        for p in self._procs:
+            if p.control is not None:
+                p.control[STOP] = 1  # workers cut the batch in progress short and read Close next
+
+    def close_now(self) -> None:
+        for p in self._procs:
+            process = p.process
+            if process is not None:
+                if process.exitcode is None:
+                    process.kill()
+                process.join(1.0)
+                p.exitcode = process.exitcode
+            # The connections are not closed here: during garbage collection of a reference
+            # cycle their own finalizers may already have closed the descriptors, and closing
+            # a number twice could close an unrelated file that reused it. Dropping them lets
+            # each Connection close its descriptor exactly once.
+            p.process = p.conn = p.alive_w = None
+            p.slots, p.control = [], None
+        if self._weights is not None:
+            self._weights.close()
+
+    # -- commands and events -----------------------------------------------------------------
+    def send(self, w: int, command: Command) -> None:
+        p = self._procs[w]
+        if p.conn is None:
+            return
+        try:
+            p.conn.send(command)
+            if isinstance(command, AttachStorage) and command.handle[1]:
+                send_handle(p.conn, command.handle[2], p.process.pid)
+        except (OSError, EOFError, ValueError):
+            pass  # the worker is gone; receive() reports how it ended
+
+    def _receive_nowait(self, w: int) -> Event | None:
+        conn = self._procs[w].conn
+        if conn is None or not conn.poll():
+            return None
+        try:
+            return conn.recv()  # type: ignore[no-any-return]
+        except (EOFError, OSError):
+            return None  # the waiting receive() reaps the process and reports the exit
+
+    def receive_nowait(self, workers: list[int]) -> list[tuple[int, Event]]:
+        got = []
+        if self._early:  # read by a receive() that was cancelled before it returned them
+            keep: deque[tuple[int, Event]] = deque()
+            for w, msg in self._early:
+                (got if w in workers else keep).append((w, msg))
+            self._early = keep
+        for w in workers:
+            msg = self._receive_nowait(w)
+            if msg is not None:
+                got.append((w, msg))
+        return got
+
+    async def _receive_one(self, w: int) -> Any:
+        p = self._procs[w]
+        conn = p.conn
+        if conn is None:
+            return Exited(p.exitcode)
+        while not conn.poll():
+            await anyio.wait_readable(conn.fileno())
+        try:
+            return conn.recv()
+        except (EOFError, OSError):
+            # The socket closed: the worker exited. Reap it to learn how.
+            await self._join(p, 5.0)
+            return Exited(p.exitcode)
+
+    async def receive(self, workers: list[int]) -> list[tuple[int, Event]]:
+        got = self.receive_nowait(workers)  # fast path: whatever is readable, without tasks
+        if got or not workers:
+            return got
+
+        async def one(w: int, scope: anyio.CancelScope) -> None:
+            msg = await self._receive_one(w)
+            self._early.append((w, msg))  # kept here, so a cancelled receive() loses nothing
+            scope.cancel()
+
+        async with anyio.create_task_group() as tg:
+            for w in workers:
+                tg.start_soon(one, w, tg.cancel_scope)
+        return self.receive_nowait(workers)
+
+    # -- data --------------------------------------------------------------------------------
+    def batch(self, w: int, slot: int) -> Tensors:
+        return self._procs[w].slots[slot]
+
+    def publish_weights(self, state: Tensors) -> None:
+        self._weights.copy_in(state)
+
+    def attach_storage(self, w: int, storage: Any) -> None:
+        info, fd = storage.share()
+        # The fd (if any) follows the command over the socket (see send).
+        self.send(w, AttachStorage((info, fd is not None, fd)))
+
+    # -- control words -----------------------------------------------------------------------
+    def preempt(self, w: int, seq: int) -> None:
+        control = self._procs[w].control
+        if control is not None:
+            control[PREEMPT] = seq
+
+    def progress(self, w: int) -> tuple[int, bool] | None:
+        control = self._procs[w].control
+        return None if control is None else (int(control[PROGRESS]), bool(control[BUSY]))
+
+    def pid(self, w: int) -> int | None:
+        process = self._procs[w].process
+        return None if process is None else process.pid
+
+    def kill(self, w: int) -> None:
+        pid = self.pid(w)
+        if pid is not None:
+            # SIGKILL (which a stopped process also obeys): its exit then arrives as Exited.
+            os.kill(pid, signal.SIGKILL)
 
 
-backend_class = SubprocessWorker
+transport_class = SubprocessTransport

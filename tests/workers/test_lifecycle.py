@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import threading
 import subprocess
 import sys
 import textwrap
@@ -48,7 +49,7 @@ def test_workers_exit_when_the_parent_is_killed(tmp_path: Path) -> None:
         async def main():
             async with MultiAsyncCollector(env, num_workers=2, frames_per_batch=1000) as c:
                 await c.__anext__()
-                print(*[w.pid for w in c._workers], flush=True)
+                print(*c._worker_pids(), flush=True)
                 await anyio.sleep_forever()
 
         if __name__ == "__main__":
@@ -79,7 +80,7 @@ def test_ctrl_c_in_blocking_multisync_script(tmp_path: Path) -> None:
             try:
                 with MultiSyncDataCollector(env, num_workers=2, frames_per_batch=200) as c:
                     next(c)
-                    print(*[w.pid for w in c._async._workers], flush=True)
+                    print(*c._async._worker_pids(), flush=True)
                     for _ in c:
                         pass
             except KeyboardInterrupt:
@@ -119,20 +120,25 @@ async def test_unclosed_multi_collector_is_killed_on_gc() -> None:
     c = MultiAsyncCollector(CountingEnv, num_workers=1, frames_per_batch=4)
     with anyio.fail_after(60):
         await c.__anext__()
-    pids = [w.pid for w in c._workers]
+    pids = c._worker_pids()
     with pytest.warns(ResourceWarning, match="unclosed"):
         del c
         gc.collect()
     assert wait_gone(pids, 5) == []
 
 
+def env_that_never_builds() -> CountingEnv:
+    threading.Event().wait()
+    raise AssertionError("unreachable")
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("cls", [MultiAsyncCollector, MultiSyncCollector])
 async def test_cancelling_a_bare_async_for_during_startup_stops_every_worker(cls: type) -> None:
     # No 'async with': the collector starts lazily in __anext__, and the cancellation lands
-    # while its workers are still spawning. The no_leaks fixture checks that no worker
-    # process, fd or thread is left behind.
-    c = cls(CountingEnv, num_workers=2, frames_per_batch=8)
+    # while its workers are still starting (their env factory never returns). The no_leaks
+    # fixture checks that no worker process, fd or thread is left behind.
+    c = cls(env_that_never_builds, num_workers=2, frames_per_batch=8, shutdown_timeout=1.0)
     batches = []
 
     async def iterate() -> None:
@@ -143,11 +149,11 @@ async def test_cancelling_a_bare_async_for_during_startup_stops_every_worker(cls
         async with anyio.create_task_group() as tg:
             tg.start_soon(iterate)
             await anyio.wait_all_tasks_blocked()  # blocked in worker start-up
-            assert c._workers and not c._started
+            assert c._transport is not None and not c._started
             tg.cancel_scope.cancel()
     assert batches == []
     assert "closed" in repr(c)
-    assert all(w.pid is None for w in c._workers)  # reaped, not left as zombies
+    assert all(pid is None for pid in c._worker_pids())  # reaped, not left as zombies
     with pytest.raises(CollectorClosedError):
         await c.__anext__()
 
@@ -184,7 +190,7 @@ async def test_shutdown_cuts_long_batches_short_and_workers_exit_cleanly() -> No
             await anyio.wait_all_tasks_blocked()
         with anyio.fail_after(5):
             await c.aclose()  # already closed by 'async with': returns at once
-    assert [w._exitcode for w in c._workers] == [0, 0]  # exited on their own, not terminated
+    assert [p.exitcode for p in c._transport._procs] == [0, 0]  # exited on their own, not terminated
 
 
 def test_collectors_leave_the_global_start_method_alone(tmp_path: Path) -> None:

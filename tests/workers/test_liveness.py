@@ -49,7 +49,7 @@ async def test_a_stopped_worker_is_reported_by_stats_then_raised() -> None:
                                    shutdown_timeout=1.0) as c:  # fmt: skip
         with anyio.fail_after(30):
             await c.__anext__()
-        stopped = c._workers[1].pid
+        stopped = c._worker_pids()[1]
         assert c.stats().stalled_workers == ()
         os.kill(stopped, signal.SIGSTOP)
         errors: list[WorkerTimeoutError] = []
@@ -77,11 +77,11 @@ async def test_a_stopped_multisync_worker_is_restarted_under_restart_workers() -
                                   restart_workers=1, shutdown_timeout=1.0) as c:  # fmt: skip
         with anyio.fail_after(60):
             await c.__anext__()
-            stopped = c._workers[0].pid
+            stopped = c._worker_pids()[0]
             os.kill(stopped, signal.SIGSTOP)
             batch = await c.__anext__()  # worker 0 is killed and replaced, then delivers
         assert batch.shape == (2, 1, 4)  # [workers, envs, time]
-        assert c._workers[0].pid != stopped
+        assert c._worker_pids()[0] != stopped
         assert c.stats().restarts == 1 and c.stats().stalled_workers == ()
 
 

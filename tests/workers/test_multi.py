@@ -25,9 +25,9 @@ def counting_env() -> CountingEnv:
     return CountingEnv(2, episode_length=3)
 
 
-async def test_multisync_stacks_workers_in_order() -> None:
+async def test_multisync_stacks_workers_in_order(backend: str) -> None:
     with anyio.fail_after(60):
-        async with MultiSyncCollector(counting_env, num_workers=2, frames_per_batch=16, total_frames=32) as c:
+        async with MultiSyncCollector(counting_env, num_workers=2, frames_per_batch=16, total_frames=32, backend=backend) as c:
             batches = [b async for b in c]
     assert [b.shape for b in batches] == [torch.Size([2, 2, 4])] * 2
     assert batches[0].names == [None, None, "time"]
@@ -42,18 +42,18 @@ async def test_multisync_stacks_workers_in_order() -> None:
 
 
 @pytest.mark.parametrize(("cat", "shape"), [(0, (4, 4)), (-1, (2, 8))])
-async def test_multisync_cat_results(cat: int, shape: tuple[int, int]) -> None:
+async def test_multisync_cat_results(cat: int, shape: tuple[int, int], backend: str) -> None:
     with anyio.fail_after(60):
         async with MultiSyncCollector(counting_env, num_workers=2, frames_per_batch=16, total_frames=16,
-                                      cat_results=cat) as c:  # fmt: skip
+                                      cat_results=cat, backend=backend) as c:  # fmt: skip
             (batch,) = [b async for b in c]
     assert batch.shape == shape
     assert batch.names[-1] == "time"
 
 
-async def test_multiasync_delivers_whole_worker_batches_first_come() -> None:
+async def test_multiasync_delivers_whole_worker_batches_first_come(backend: str) -> None:
     with anyio.fail_after(60):
-        async with MultiAsyncCollector(counting_env, num_workers=2, frames_per_batch=8, total_frames=64) as c:
+        async with MultiAsyncCollector(counting_env, num_workers=2, frames_per_batch=8, total_frames=64, backend=backend) as c:
             batches = [b async for b in c]
             assert c.stats().workers_alive == 2
     assert all(b.shape == (2, 4) for b in batches) and len(batches) == 8
@@ -63,16 +63,16 @@ async def test_multiasync_delivers_whole_worker_batches_first_come() -> None:
         assert b["collector", "worker_id"].unique().numel() == 1
 
 
-async def test_async_collector_single_background_worker() -> None:
+async def test_async_collector_single_background_worker(backend: str) -> None:
     with anyio.fail_after(60):
-        async with AsyncCollector(counting_env, frames_per_batch=8, total_frames=24) as c:
+        async with AsyncCollector(counting_env, frames_per_batch=8, total_frames=24, backend=backend) as c:
             batches = [b async for b in c]
     assert len(batches) == 3 and all((b["collector", "worker_id"] == 0).all() for b in batches)
 
 
-async def test_same_seed_same_data_whatever_the_timing() -> None:
+async def test_same_seed_same_data_whatever_the_timing(backend: str) -> None:
     async def run(seed: int) -> list[torch.Tensor]:
-        async with MultiSyncCollector("CartPole-v1", num_workers=2, frames_per_batch=64, total_frames=128) as c:
+        async with MultiSyncCollector("CartPole-v1", num_workers=2, frames_per_batch=64, total_frames=128, backend=backend) as c:
             c.set_seed(seed)
             return [torch.cat([b["observation"].flatten(), b["action"].float().flatten()]) async for b in c]
 
@@ -84,10 +84,10 @@ async def test_same_seed_same_data_whatever_the_timing() -> None:
 
 
 @pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector])
-async def test_weight_update_reaches_every_worker_at_a_batch_boundary(cls: type) -> None:
+async def test_weight_update_reaches_every_worker_at_a_batch_boundary(cls: type, backend: str) -> None:
     policy = ScriptedPolicy(1.0)
     with anyio.fail_after(90):
-        async with cls(counting_env, policy, num_workers=2, frames_per_batch=8) as c:
+        async with cls(counting_env, policy, num_workers=2, frames_per_batch=8, backend=backend) as c:
             first = await c.__anext__()
             assert (first["collector", "policy_version"] == 0).all()
             assert torch.equal(first["action"], policy(first["observation"]))
@@ -108,7 +108,7 @@ async def test_weight_update_reaches_every_worker_at_a_batch_boundary(cls: type)
     assert seen_new == {0, 1}
 
 
-async def test_env_error_in_worker_raises_worker_error_with_traceback() -> None:
+async def test_env_error_in_worker_raises_worker_error_with_traceback(backend: str) -> None:
     def failing() -> FailingEnv:
         return FailingEnv(1, fail_at=5)
 
@@ -116,24 +116,25 @@ async def test_env_error_in_worker_raises_worker_error_with_traceback() -> None:
         # Both workers fail at the same step: one WorkerError, or a group of them when both
         # reports arrive together.
         with pytest.raises((WorkerError, BaseExceptionGroup)) as info:  # noqa: F821
-            async with MultiSyncCollector(failing, num_workers=2, frames_per_batch=100) as c:
+            async with MultiSyncCollector(failing, num_workers=2, frames_per_batch=100, backend=backend) as c:
                 await c.__anext__()
     errors = info.value.exceptions if isinstance(info.value, BaseExceptionGroup) else [info.value]  # noqa: F821
     assert all(isinstance(e, WorkerError) for e in errors)
     err = errors[0]
-    assert err.worker_id in (0, 1) and err.pid is not None and err.pid != os.getpid()
+    assert err.worker_id in (0, 1) and err.pid is not None
+    assert (err.pid == os.getpid()) == (backend == "inline")  # a thread here, or a worker process
     assert "FailingEnv failed at step 5" in str(err)
     assert isinstance(err.__cause__, ValueError)
     assert "testing.py" in str(err.__cause__.__cause__)  # the worker's own traceback
 
 
-async def test_env_construction_error_is_reported_at_start() -> None:
+async def test_env_construction_error_is_reported_at_start(backend: str) -> None:
     def broken() -> None:
         raise OSError("simulator licence not found")
 
     with anyio.fail_after(60):
         with pytest.raises((WorkerError, BaseExceptionGroup)) as info:  # noqa: F821
-            async with AsyncCollector(broken, frames_per_batch=8):
+            async with AsyncCollector(broken, frames_per_batch=8, backend=backend):
                 pass
     assert "simulator licence not found" in str(info.value) or any(
         "simulator licence" in str(e) for e in getattr(info.value, "exceptions", [])
@@ -146,7 +147,7 @@ async def test_sigkill_gives_worker_crashed_error() -> None:
         with pytest.raises(WorkerCrashedError) as info:
             async with MultiAsyncCollector(env, num_workers=2, frames_per_batch=1000) as c:
                 batch = await c.__anext__()
-                pid = c._workers[int(batch["collector", "worker_id"][0])].pid
+                pid = c._worker_pids()[int(batch["collector", "worker_id"][0])]
                 os.kill(pid, signal.SIGKILL)
                 while True:
                     await c.__anext__()
@@ -160,7 +161,7 @@ async def test_supervised_worker_is_restarted_and_iteration_continues() -> None:
                                       restart_workers=1) as c:  # fmt: skip
             await c.__anext__()
             await c.update_policy_weights_(ScriptedPolicy(-1.0))
-            os.kill(c._workers[1].pid, signal.SIGKILL)
+            os.kill(c._worker_pids()[1], signal.SIGKILL)
             batch = await c.__anext__()
             stats = c.stats()
     assert stats.restarts == 1 and stats.dropped_batches == 1 and stats.workers_alive == 2
@@ -169,17 +170,17 @@ async def test_supervised_worker_is_restarted_and_iteration_continues() -> None:
     assert (batch["collector", "policy_version"] == 1).all()
 
 
-async def test_break_stops_all_workers() -> None:
+async def test_break_stops_all_workers(backend: str) -> None:
     with anyio.fail_after(60):
-        async with MultiAsyncCollector(counting_env, num_workers=2, frames_per_batch=8) as c:
+        async with MultiAsyncCollector(counting_env, num_workers=2, frames_per_batch=8, backend=backend) as c:
             async for _ in c:
                 break
         assert c.stats().workers_alive == 2  # stats survive; the no_leaks fixture checks the processes
 
 
-async def test_fds_do_not_grow_with_batches() -> None:
+async def test_fds_do_not_grow_with_batches(backend: str) -> None:
     with anyio.fail_after(60):
-        async with MultiAsyncCollector(counting_env, num_workers=2, frames_per_batch=8) as c:
+        async with MultiAsyncCollector(counting_env, num_workers=2, frames_per_batch=8, backend=backend) as c:
             for _ in range(5):
                 await c.__anext__()
             before = len(os.listdir("/proc/self/fd"))
@@ -200,5 +201,5 @@ def test_bad_arguments_fail_before_spawning() -> None:
         MultiSyncCollector(counting_env, num_workers=2, frames_per_batch=0)
     with pytest.raises(TypeError, match=r"^AsyncCollector runs exactly one worker"):
         AsyncCollector(counting_env, num_workers=2, frames_per_batch=8)
-    with pytest.raises(LookupError, match=r"^unknown worker backend 'mpi'; choose one of: subprocess$"):
+    with pytest.raises(LookupError, match=r"^unknown worker backend 'mpi'; choose one of: inline, subprocess$"):
         MultiSyncCollector(counting_env, num_workers=2, frames_per_batch=8, backend="mpi")

@@ -39,18 +39,20 @@ def stored(rb: ReplayBuffer) -> list[tuple[int, int, int]]:
 
 
 @pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector])
-async def test_background_collection_stores_every_frame_exactly_once(cls: type) -> None:
+async def test_background_collection_stores_every_frame_exactly_once(cls: type, backend: str) -> None:
     rb = ReplayBuffer(100_000, batch_size=32, min_size=64)
     fpb = 32 if cls is MultiSyncCollector else 16  # 16 frames per worker batch either way
     with anyio.fail_after(90):
-        async with cls(worker_envs(2), num_workers=2, frames_per_batch=fpb, total_frames=640, replay_buffer=rb) as c:
-            assert isinstance(rb.storage, SharedMemoryStorage)  # upgraded before anything was built
+        async with cls(worker_envs(2), num_workers=2, frames_per_batch=fpb, total_frames=640, replay_buffer=rb, backend=backend) as c:
+            # Worker processes need shared storage: upgraded before anything was built.
+            # Worker threads write into the process-local storage it has.
+            assert isinstance(rb.storage, MemoryStorage if backend == "inline" else SharedMemoryStorage)
             c.start()
             await rb.sample()
             while c.is_running():
                 await rb.sample()
             # Workers wrote into the buffer's rows; the parent's slots were never used.
-            assert all(float(slot["observation"].abs().sum()) == 0 for w in c._slots for slot in w)
+            assert all(float(slot["observation"].abs().sum()) == 0 for w in range(2) for slot in (c._transport.batch(w, 0), c._transport.batch(w, 1)))
     frames = stored(rb)
     assert len(frames) == len(set(frames)) == rb.write_count == c.stats().frames
     if cls is MultiSyncCollector:  # each worker collected exactly half, in lock step
@@ -70,11 +72,11 @@ async def test_a_built_process_local_storage_is_refused_before_spawning() -> Non
         MultiAsyncCollector(worker_envs(2), frames_per_batch=8, replay_buffer=rb)
 
 
-async def test_sample_raises_the_worker_error_when_the_collector_dies() -> None:
+async def test_sample_raises_the_worker_error_when_the_collector_dies(backend: str) -> None:
     rb = ReplayBuffer(10_000, batch_size=8, min_size=10_000)  # never reached: only the error ends the wait
     with anyio.fail_after(90):
         async with MultiAsyncCollector([partial(FailingEnv, 1, fail_at=20)], frames_per_batch=4,
-                                       replay_buffer=rb) as c:  # fmt: skip
+                                       replay_buffer=rb, backend=backend) as c:  # fmt: skip
             c.start()
             with pytest.raises(WorkerError) as info:
                 await rb.sample()
@@ -82,11 +84,11 @@ async def test_sample_raises_the_worker_error_when_the_collector_dies() -> None:
     assert isinstance(info.value.__cause__, ValueError)
 
 
-async def test_rate_limiter_holds_fast_workers_back() -> None:
+async def test_rate_limiter_holds_fast_workers_back(backend: str) -> None:
     spi, tol = 1.0, 64.0
     rb = ReplayBuffer(100_000, batch_size=16, min_size=32, samples_per_insert=spi, tolerance=tol)
     with anyio.fail_after(90):
-        async with MultiAsyncCollector(worker_envs(2), num_workers=2, frames_per_batch=16, replay_buffer=rb) as c:
+        async with MultiAsyncCollector(worker_envs(2), num_workers=2, frames_per_batch=16, replay_buffer=rb, backend=backend) as c:
             c.start()
             for _ in range(40):  # a slow learner: the workers are far faster
                 await rb.sample()
@@ -98,12 +100,12 @@ async def test_rate_limiter_holds_fast_workers_back() -> None:
     assert rb.stats().samples_per_insert == pytest.approx(spi, rel=0.25)
 
 
-async def test_pause_and_weight_updates_in_the_background() -> None:
+async def test_pause_and_weight_updates_in_the_background(backend: str) -> None:
     policy = ScriptedPolicy(1.0)
     rb = ReplayBuffer(100_000, batch_size=8, min_size=8, max_policy_lag=0)
     with anyio.fail_after(90):
         async with MultiAsyncCollector(worker_envs(2), policy, num_workers=2, frames_per_batch=16,
-                                       replay_buffer=rb) as c:  # fmt: skip
+                                       replay_buffer=rb, backend=backend) as c:  # fmt: skip
             c.start()
             await rb.wait_for(64)
             async with c.pause():
@@ -125,11 +127,11 @@ class SlowWorkerEnv(CountingEnv):
         return super().step(action)
 
 
-async def test_preemptive_threshold_cuts_stragglers_short() -> None:
+async def test_preemptive_threshold_cuts_stragglers_short(backend: str) -> None:
     envs = [partial(SlowWorkerEnv, 0, 10**6, first_index=w) for w in range(2)]
     with anyio.fail_after(90):
         async with MultiSyncCollector(envs, frames_per_batch=400, total_frames=400,
-                                      preemptive_threshold=0.5) as c:  # fmt: skip
+                                      preemptive_threshold=0.5, backend=backend) as c:  # fmt: skip
             batch = await c.__anext__()
             frames = c.stats().frames
     assert batch.shape == (2, 200)
@@ -144,11 +146,11 @@ async def test_preemptive_threshold_cuts_stragglers_short() -> None:
     assert cut[first_cut:].all()
 
 
-async def test_trajectory_mode_assembles_whole_episodes_from_every_worker() -> None:
+async def test_trajectory_mode_assembles_whole_episodes_from_every_worker(backend: str) -> None:
     rb = ReplayBuffer(10_000)
     with anyio.fail_after(90):
         async with MultiSyncCollector(worker_envs(2), num_workers=2, frames_per_batch=16, total_frames=64,
-                                      trajs_per_batch=2, replay_buffer=rb) as c:  # fmt: skip
+                                      trajs_per_batch=2, replay_buffer=rb, backend=backend) as c:  # fmt: skip
             items = [b async for b in c]
     assert items == [None] * 4
     obs = rb.storage.tensors["observation"][: rb.write_count].long()
@@ -160,10 +162,10 @@ async def test_trajectory_mode_assembles_whole_episodes_from_every_worker() -> N
     assert set(obs[:, 0].tolist()) == {0, 1, 2, 3}  # both workers' envs
 
 
-async def test_pause_while_workers_wait_for_the_rate_limiter_then_resume() -> None:
+async def test_pause_while_workers_wait_for_the_rate_limiter_then_resume(backend: str) -> None:
     rb = ReplayBuffer(100_000, batch_size=16, min_size=32, samples_per_insert=1.0, tolerance=16)
     with anyio.fail_after(90):
-        async with MultiAsyncCollector(worker_envs(2), num_workers=2, frames_per_batch=16, replay_buffer=rb) as c:
+        async with MultiAsyncCollector(worker_envs(2), num_workers=2, frames_per_batch=16, replay_buffer=rb, backend=backend) as c:
             c.start()
             await rb.wait_for(32)
             while rb.stats().in_flight or not rb._notifier._waiters:  # every worker is held back
@@ -180,13 +182,13 @@ async def test_pause_while_workers_wait_for_the_rate_limiter_then_resume() -> No
     assert rb.write_count > written
 
 
-async def test_workers_write_into_a_memmap_storage(tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_workers_write_into_a_memmap_storage(tmp_path, backend: str) -> None:  # type: ignore[no-untyped-def]
     from aiocollect import MemmapStorage
 
     rb = ReplayBuffer(1000, storage=MemmapStorage(tmp_path / "frames"))
     with anyio.fail_after(90):
         async with MultiSyncCollector(worker_envs(2), num_workers=2, frames_per_batch=32, total_frames=64,
-                                      replay_buffer=rb) as c:  # fmt: skip
+                                      replay_buffer=rb, backend=backend) as c:  # fmt: skip
             assert [b async for b in c] == [None, None]
     assert stored(rb) == expected(4, 16)
     # The frames are in the files: a fresh mapping of the directory sees them.
