@@ -112,7 +112,7 @@ class BackgroundMixin:
                         await self._resumed.wait()
                         continue
                     await self._next_item()  # type: ignore[attr-defined]
-        except Exception as exc:  # noqa: BLE001 - handed to the buffer and to shutdown
+        except Exception as exc:
             self._bg_error = exc
             self._rb.fail(exc)
         finally:

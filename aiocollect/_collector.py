@@ -13,8 +13,8 @@ from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
 from ._config import make_env, validate_config
-from ._errors import warn_user
 from ._envs import AsyncBatchedEnv
+from ._errors import warn_user
 from ._lifecycle import CollectorLifecycle
 from ._policy import PolicyAdapter
 from ._rollout import Rollout, TrajCounter

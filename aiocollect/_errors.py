@@ -165,7 +165,7 @@ def worker_error_from_message(worker_id: int, pid: int | None, msg: Any) -> Work
     if payload is not None:
         try:
             original = pickle.loads(payload)  # type: ignore[arg-type]
-        except Exception:  # noqa: BLE001 - fall back to the text form
+        except Exception:
             original = None
     cause = _RemoteTraceback(str(tb))
     if original is not None:

@@ -231,7 +231,7 @@ class CollectorLifecycle(BackgroundMixin):
                     if item is _NOTHING:
                         break
                     await self._send.send(item)
-        except Exception as exc:  # noqa: BLE001 - delivered to the consumer, never dropped
+        except Exception as exc:
             try:
                 await self._send.send(_Failure(exc))
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Optional
 
 __all__ = ["STALL_REPORT", "Liveness", "process_state"]
 
@@ -19,7 +18,7 @@ STALL_REPORT = 10.0  # seconds of silence after which stats() lists a worker tha
 
 
 #: A worker's progress count and busy flag, or None when it is not running.
-Progress = Optional[tuple[int, bool]]
+Progress = tuple[int, bool] | None
 
 
 class Liveness:

@@ -114,7 +114,7 @@ class MultiCollectorBase(CollectorLifecycle):
         async def start(w: int) -> None:
             try:
                 await self._start_worker(w)
-            except Exception as exc:  # noqa: BLE001 - collected and raised below
+            except Exception as exc:
                 errors.append(exc)
 
         async with anyio.create_task_group() as tg:

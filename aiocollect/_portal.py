@@ -350,7 +350,7 @@ def _start_portal_thread(name: str) -> tuple[BlockingPortal, threading.Thread, C
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             anyio.run(main)
-        except BaseException as exc:  # noqa: BLE001 - surfaced to the thread that waits
+        except BaseException as exc:
             if not ready.done():
                 ready.set_exception(exc)
         deadline = time.monotonic() + _WORKER_JOIN_TIMEOUT

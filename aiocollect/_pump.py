@@ -12,6 +12,7 @@ from __future__ import annotations
 import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable
+
 import anyio
 
 from ._errors import first_failure

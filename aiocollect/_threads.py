@@ -93,7 +93,7 @@ class ThreadLane:
                     if self._exiting or (check_stale and (generation != self._generation or self.stop.is_set())):
                         raise _StaleCall
                     pending.value = _adopting(threads, fn, *args)
-                except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+                except BaseException as exc:
                     pending.error = exc
             pending.finish()
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 from tensordict import TensorDict
 from tensordict.nn import (

@@ -28,7 +28,16 @@ import numpy as np
 from .._errors import WorkerCrashedError, worker_error_from_message
 from ._loop import run_worker
 from ._messages import Close, Command, Event, Exited, Failed, Ready
-from ._transport import BUSY, CONTROL_WORDS, PREEMPT, PROGRESS, STOP, Tensors, Transport, WorkerChannel
+from ._transport import (
+    BUSY,
+    CONTROL_WORDS,
+    PREEMPT,
+    PROGRESS,
+    STOP,
+    Tensors,
+    Transport,
+    WorkerChannel,
+)
 
 __all__ = ["InlineTransport", "transport_class"]
 
@@ -88,7 +97,7 @@ class _InlineChannel(WorkerChannel):
         return [] if self.control[STOP] else self.slots
 
     def weights(self) -> Tensors:
-        return self._transport._weights  # noqa: SLF001 - the same object, published by the engine
+        return self._transport._weights
 
     def storage(self, handle: Any) -> dict[Any, Any]:
         return handle.tensors  # type: ignore[no-any-return]

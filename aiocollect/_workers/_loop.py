@@ -44,11 +44,11 @@ def run_worker(channel: WorkerChannel, spec_bytes: bytes) -> None:
         worker = _Worker(channel, spec)
         if worker.start():
             worker.serve()
-    except BaseException as exc:  # noqa: BLE001 - reported to the engine, never swallowed
+    except BaseException as exc:
         step = None if worker is None or worker.rollout is None else worker.rollout.steps_done
         try:
             payload: bytes | None = pickle.dumps(exc)
-        except Exception:  # noqa: BLE001 - unpicklable exceptions travel as text
+        except Exception:
             payload = None
         try:
             channel.send(Failed(step, payload, f"{type(exc).__name__}: {exc}", traceback.format_exc()))

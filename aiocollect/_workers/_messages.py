@@ -15,7 +15,7 @@ never lands in the middle of a batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -112,7 +112,7 @@ class Close:
     """Stop after the current command; close the env."""
 
 
-Command = Union[Collect, ApplyWeights, AttachStorage, Seed, Reset, Close]
+Command = Collect | ApplyWeights | AttachStorage | Seed | Reset | Close
 
 
 # -- events: worker (or transport) -> engine ----------------------------------------------------
@@ -155,4 +155,4 @@ class Exited:
     exitcode: int | None
 
 
-Event = Union[Ready, BatchReady, WeightsApplied, Failed, Exited]
+Event = Ready | BatchReady | WeightsApplied | Failed | Exited

@@ -191,7 +191,7 @@ class WorkerChannel(ABC):
     def storage(self, handle: Any) -> dict[Any, Any]:
         """The columns of a replay buffer's storage named by an `AttachStorage` handle."""
 
-    def setup(self, spec: Any) -> None:
+    def setup(self, spec: Any) -> None:  # noqa: B027 - optional hook, deliberately empty
         """Prepare the worker's process for its `WorkerSpec` (torch threads, ...); nothing by default."""
 
     def batch_ready(self, slot: int) -> None:

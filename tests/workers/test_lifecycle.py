@@ -5,10 +5,10 @@ from __future__ import annotations
 import gc
 import os
 import signal
-import threading
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import anyio
