@@ -19,6 +19,7 @@ from tensordict import TensorDictBase
 
 from ._background import BackgroundMixin
 from ._errors import CollectorClosedError
+from ._pipeline import BatchPipeline
 from ._stats import CollectorStats
 from ._trajs import TrajectoryAssembler, check_traj_args
 
@@ -35,7 +36,7 @@ class _Failure:
         self.exc = exc
 
 
-class CollectorLifecycle(BackgroundMixin):
+class CollectorLifecycle(BackgroundMixin, BatchPipeline):
     """Base of the async collectors (not public): lifecycle, iteration and statistics."""
 
     _total_frames: float

@@ -188,7 +188,7 @@ class MultiSyncCollector(_MultiCollector):
         for w, (slot, _) in enumerate(taken):
             self._release_slot(w, slot, commit=False)
         frames = batch.numel() if p is None else int((batch.get(_POLICY_VERSION) >= 0).sum())
-        return await self._finish(batch, frames, start)
+        return await self._deliver(batch, frames, start, post=self._post_in_parent)
 
     def _assemble(self, parts: list[TensorDictBase]) -> TensorDictBase:
         nb = parts[0].ndim
@@ -275,7 +275,7 @@ class MultiAsyncCollector(_MultiCollector):
         if batch is None:
             self._count(frames, time.perf_counter() - start)
             return None
-        return await self._finish(batch, frames, start)
+        return await self._deliver(batch, frames, start, post=self._post_in_parent)
 
 
 class AsyncCollector(MultiAsyncCollector):

@@ -10,7 +10,6 @@ sees a process, a file descriptor or shared memory.
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
 import anyio
@@ -77,8 +76,9 @@ class MultiCollectorBase(CollectorLifecycle):
         # Post-processing (and trajectory assembly) runs in the parent, so those batches
         # reach the buffer through it, as do all batches of workers that cannot reach the
         # buffer's memory; all others are written by the workers themselves.
-        post = self._cfg.split_trajs or self._cfg.postproc is not None
-        self._direct = self._batch_rb is not None and not post and memory != "none"
+        self._direct = self._batch_rb is not None and not self._needs_post() and memory != "none"
+        # Workers collect on the env/policy devices; the parent moves batches to storing_device.
+        self._post_in_parent = self._needs_post() or self._cfg.storing_device is not None
 
     def _spec_bytes(self, w: int) -> bytes:
         mc = self._mc
@@ -308,26 +308,6 @@ class MultiCollectorBase(CollectorLifecycle):
         views = self._transport.batch(w, slot)  # type: ignore[union-attr]
         return slot, TensorDict(dict(views), batch_size=self._batch_shapes[w])
 
-    def _post(self, batch: TensorDictBase) -> TensorDictBase:
-        if self._cfg.storing_device is not None:
-            batch = batch.to(self._cfg.storing_device)
-        if self._cfg.split_trajs:
-            from ._split import split_trajectories
-
-            batch = split_trajectories(batch, prefix="collector")
-        if self._cfg.postproc is not None:
-            batch = self._cfg.postproc(batch)
-        return batch
-
-    async def _finish(self, batch: TensorDictBase, frames: int, start: float) -> TensorDictBase | None:
-        if self._cfg.split_trajs or self._cfg.postproc is not None or self._cfg.storing_device is not None:
-            batch = await to_thread(self._post, batch)
-        if self._batch_rb is not None:
-            await self._batch_rb.extend(batch)  # post-processed batches go through the parent
-            batch = None
-        self._count(frames, time.perf_counter() - start)
-        return batch
-
     # -- control -----------------------------------------------------------------------------
     async def update_policy_weights_(self, policy_or_weights: Any = None, *, weights: Any = None) -> None:
         """Copy new weights into shared memory and wait until every live worker applied them.
@@ -352,9 +332,7 @@ class MultiCollectorBase(CollectorLifecycle):
                 "update_policy_weights_() needs an nn.Module policy= to define the shared weights; "
                 "pass policy= (it may be given together with policy_factory)"
             )
-        if policy_or_weights is not None and weights is not None:
-            raise ValueError("pass weights either positionally or as weights=, not both")
-        source = weights if weights is not None else policy_or_weights
+        source = self._weights_argument(policy_or_weights, weights)
         state = state_of(self._weights_layout, self._policy if source is None else source)
         async with self._update_lock or anyio.Lock():
             if self._started and self._pump is not None and self._version > 0:
@@ -416,26 +394,16 @@ class MultiCollectorBase(CollectorLifecycle):
         if self._traj is not None:
             self._traj.reset()
 
-    def state_dict(self) -> dict[str, Any]:
-        """Return counters, the policy version and the policy's weights."""
-        pol = self._policy
-        return {
-            "policy_state_dict": pol.state_dict() if isinstance(pol, torch.nn.Module) else None,
-            "frames": self._frames,
-            "batches": self._batches,
-            "policy_version": self._version,
-        }
+    def _state_module(self) -> torch.nn.Module | None:
+        return self._policy if isinstance(self._policy, torch.nn.Module) else None
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore counters and weights from `state_dict` (weights reach workers on the next update)."""
-        pol = self._policy
-        if state_dict.get("policy_state_dict") is not None and isinstance(pol, torch.nn.Module):
-            pol.load_state_dict(state_dict["policy_state_dict"])
-            if self._weights_layout is not None:
-                self._publish(state_of(self._weights_layout, state_dict["policy_state_dict"]))
-        self._frames = int(state_dict["frames"])
-        self._batches = int(state_dict["batches"])
-        self._version = int(state_dict["policy_version"])
+    def _set_policy_version(self, version: int) -> None:
+        self._version = version
+
+    def _loaded_weights(self, state: dict[str, Any]) -> None:
+        # Restarted workers start from them; running ones load them at the next update.
+        if self._weights_layout is not None:
+            self._publish(state_of(self._weights_layout, state))
 
     def stats(self) -> Any:
         """Return a `CollectorStats` snapshot, with worker restarts and dropped batches."""

@@ -1,0 +1,115 @@
+"""The batch pipeline every collector shares, whoever stepped the envs.
+
+After a batch is collected (by this process's rollout or by a worker), the same things happen
+to it: it moves to ``storing_device``, is split into trajectories, post-processed, and either
+goes to the replay buffer or to the consumer, and is counted. The resumable state
+(counters, policy version, weights) has one format. The subclass says where its policy lives
+and how its version is kept, and adds what only it has (RNG state, trajectory ids).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+
+from ._threads import to_thread
+
+__all__ = ["BatchPipeline"]
+
+
+class BatchPipeline:
+    """Mixin of `CollectorLifecycle` (not public): post-processing, delivery, state."""
+
+    _cfg: Any  # a CollectorConfig: storing_device, split_trajs, postproc
+    _batch_rb: Any
+    _frames: int
+    _batches: int
+
+    # -- hooks -------------------------------------------------------------------------------
+    def _count(self, frames: int, seconds: float) -> None:
+        raise NotImplementedError
+
+    def _state_module(self) -> torch.nn.Module | None:
+        """The ``nn.Module`` whose weights a `state_dict` saves (``None``: nothing to save)."""
+        raise NotImplementedError
+
+    def _set_policy_version(self, version: int) -> None:
+        raise NotImplementedError
+
+    def _policy_version(self) -> int:
+        raise NotImplementedError
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {}
+
+    def _load_extra_state(self, state_dict: dict[str, Any]) -> None:
+        """Restore what `_extra_state` saved (called after the common part)."""
+
+    def _loaded_weights(self, state: dict[str, Any]) -> None:
+        """The policy module was just loaded with ``state`` (workers may need them too)."""
+
+    # -- the pipeline ------------------------------------------------------------------------
+    def _needs_post(self) -> bool:
+        cfg = self._cfg
+        return bool(cfg.split_trajs) or cfg.postproc is not None
+
+    def _post(self, batch: TensorDictBase) -> TensorDictBase:
+        """Storing device, then trajectories, then ``postproc`` (runs off the event loop)."""
+        cfg = self._cfg
+        if cfg.storing_device is not None and batch.device != cfg.storing_device:
+            batch = batch.to(cfg.storing_device)
+        if cfg.split_trajs:
+            from ._split import split_trajectories
+
+            batch = split_trajectories(batch, prefix="collector")
+        if cfg.postproc is not None:
+            batch = cfg.postproc(batch)
+        return batch
+
+    async def _deliver(self, batch: TensorDictBase, frames: int, start: float, *, post: bool) -> TensorDictBase | None:
+        """Post-process (if ``post``), write to the buffer or return it, and count ``frames``."""
+        if post:
+            batch = await to_thread(self._post, batch)
+        if self._batch_rb is not None:
+            await self._batch_rb.extend(batch)  # batches the workers could not write themselves
+            self._count(frames, time.perf_counter() - start)
+            return None
+        self._count(frames, time.perf_counter() - start)
+        return batch
+
+    @staticmethod
+    def _weights_argument(policy_or_weights: Any, weights: Any) -> Any:
+        """The one weights source of ``update_policy_weights_(policy_or_weights, weights=)``."""
+        if policy_or_weights is not None and weights is not None:
+            raise ValueError("pass weights either positionally or as weights=, not both")
+        return weights if weights is not None else policy_or_weights
+
+    # -- state -------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Return the collector's resumable state: counters, policy version and weights.
+
+        The in-process `Collector` adds its RNG state and next trajectory id.
+        """
+        module = self._state_module()
+        return {
+            "policy_state_dict": module.state_dict() if module is not None else None,
+            "frames": self._frames,
+            "batches": self._batches,
+            "policy_version": self._policy_version(),
+            **self._extra_state(),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore a `state_dict`: counters, policy version and weights (plus what the class adds)."""
+        module = self._state_module()
+        weights = state_dict.get("policy_state_dict")
+        if weights is not None and module is not None:
+            module.load_state_dict(weights)
+            self._loaded_weights(weights)
+        self._frames = int(state_dict["frames"])
+        self._batches = int(state_dict["batches"])
+        self._set_policy_version(int(state_dict["policy_version"]))
+        self._load_extra_state(state_dict)
