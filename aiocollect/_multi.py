@@ -17,7 +17,7 @@ from tensordict import LazyStackedTensorDict, TensorDictBase
 from tensordict.nn import InteractionType
 
 from ._multi_base import MultiCollectorBase
-from ._multi_config import resolve_multi_config
+from ._multi_config import collector_options, multi_signature, resolve_multi_config
 from ._threads import to_thread
 
 __all__ = ["AsyncCollector", "MultiAsyncCollector", "MultiSyncCollector"]
@@ -35,58 +35,35 @@ class _MultiCollector(MultiCollectorBase):
         *,
         num_workers: int | None = None,
         policy_factory: Callable[[], Any] | Sequence[Callable[[], Any]] | None = None,
-        frames_per_batch: int | Sequence[int],
-        total_frames: int = -1,
-        max_frames_per_traj: int | None = None,
-        init_random_frames: int | None = None,
-        reset_at_each_iter: bool = False,
-        postproc: Any = None,
-        split_trajs: bool | None = None,
-        exploration_type: InteractionType | str = InteractionType.RANDOM,
-        reset_when_done: bool = True,
-        device: Any = None,
-        env_device: Any = None,
-        policy_device: Any = None,
-        storing_device: Any = None,
-        create_env_kwargs: dict[str, Any] | Sequence[dict[str, Any]] | None = None,
-        set_truncated: bool = False,
-        track_traj_ids: bool = True,
         cat_results: str | int | None = None,
         update_at_each_batch: bool = False,
         preemptive_threshold: float | None = None,
         num_threads: int | None = None,
         num_sub_threads: int = 1,
-        max_queued_batches: int = 0,
-        replay_buffer: Any = None,
-        extend_buffer: bool = True,
-        trajs_per_batch: int | None = None,
-        traj_format: str | None = None,
-        trajs_per_write: int | None = None,
         restart_workers: int = 0,
         weight_sync_timeout: float = 60.0,
         worker_timeout: float | None = 300.0,
-        shutdown_timeout: float = 10.0,
         backend: str = "subprocess",
         start_method: str | None = None,
+        **options: Any,
     ) -> None:
+        # Every other argument is `Collector`'s, with its defaults: its signature is the one
+        # place they are declared (see `collector_options`).
+        opts = collector_options(type(self).__name__, options)
+        traj_args = {k: opts.pop(k) for k in ("extend_buffer", "trajs_per_batch", "traj_format", "trajs_per_write")}
+        replay_buffer = opts.pop("replay_buffer")
         mc = resolve_multi_config(
             sync=self._sync, create_env_fn=create_env_fn, num_workers=num_workers, policy=policy,
-            policy_factory=policy_factory, frames_per_batch=frames_per_batch, cat_results=cat_results,
-            update_at_each_batch=update_at_each_batch, preemptive_threshold=preemptive_threshold,
-            num_threads=num_threads, num_sub_threads=num_sub_threads, restart_workers=restart_workers,
-            weight_sync_timeout=weight_sync_timeout, worker_timeout=worker_timeout, start_method=start_method, backend=backend, device=device,
-            env_device=env_device, policy_device=policy_device, storing_device=storing_device,
-            create_env_kwargs=create_env_kwargs, postproc=postproc, split_trajs=split_trajs,
-            total_frames=total_frames, max_queued_batches=max_queued_batches,
-            max_frames_per_traj=max_frames_per_traj, init_random_frames=init_random_frames,
-            reset_at_each_iter=reset_at_each_iter, exploration_type=exploration_type,
-            reset_when_done=reset_when_done, set_truncated=set_truncated, track_traj_ids=track_traj_ids,
-            shutdown_timeout=shutdown_timeout,
+            policy_factory=policy_factory, cat_results=cat_results, update_at_each_batch=update_at_each_batch,
+            preemptive_threshold=preemptive_threshold, num_threads=num_threads, num_sub_threads=num_sub_threads,
+            restart_workers=restart_workers, weight_sync_timeout=weight_sync_timeout, worker_timeout=worker_timeout,
+            start_method=start_method, backend=backend, **opts,
         )  # fmt: skip
-        self._init_multi(
-            mc, policy, replay_buffer, extend_buffer=extend_buffer, trajs_per_batch=trajs_per_batch,
-            traj_format=traj_format, trajs_per_write=trajs_per_write,
-        )  # fmt: skip
+        self._init_multi(mc, policy, replay_buffer, **traj_args)
+
+
+# help(), inspect.signature and IDEs that read __signature__ list every argument.
+_MultiCollector.__init__.__signature__ = multi_signature(_MultiCollector.__init__)  # type: ignore[attr-defined]
 
 
 _ARGS_DOC = """

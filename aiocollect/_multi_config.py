@@ -7,6 +7,7 @@ Everything here runs in the constructor, before any process is spawned, and rais
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from typing import Any
 from ._config import CollectorConfig, validate_config
 from ._validate import check_bool, check_int, check_seconds
 
-__all__ = ["MultiConfig", "resolve_multi_config"]
+__all__ = ["MultiConfig", "collector_options", "multi_signature", "resolve_multi_config"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,53 @@ class MultiConfig:
     @property
     def num_workers(self) -> int:
         return len(self.worker_cfgs)
+
+
+def _collector_parameters() -> dict[str, inspect.Parameter]:
+    from ._collector import Collector
+
+    params = dict(inspect.signature(Collector.__init__).parameters)
+    return {k: p for k, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
+def collector_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` completed with `Collector`'s defaults; unknown or missing ones raise ``TypeError``."""
+    params = _collector_parameters()
+    for key in options:
+        if key not in params:
+            raise TypeError(f"{name}() got an unexpected keyword argument {key!r}")
+    out = {}
+    for key, p in params.items():
+        if key in options:
+            out[key] = options[key]
+        elif p.default is inspect.Parameter.empty:
+            raise TypeError(f"{name}() missing required keyword-only argument: {key!r}")
+        else:
+            out[key] = p.default
+    return out
+
+
+# Arguments a multi-worker collector also accepts as one value per worker.
+_PER_WORKER = {
+    "frames_per_batch": "int | Sequence[int]",
+    "create_env_kwargs": "dict[str, Any] | Sequence[dict[str, Any]] | None",
+    "env_device": "Any | Sequence[Any]",
+    "policy_device": "Any | Sequence[Any]",
+}
+
+
+def multi_signature(init: Any) -> inspect.Signature:
+    """``init``'s own parameters with ``**options`` replaced by `Collector`'s keyword arguments."""
+    own = [p for p in inspect.signature(init).parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    taken = {p.name for p in own}
+    extra = [
+        p.replace(annotation=_PER_WORKER.get(k, p.annotation)) for k, p in _collector_parameters().items() if k not in taken
+    ]
+    positional = [p for p in own if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+    keyword = [p for p in own if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    # Required keyword-only parameters first (frames_per_batch), then the optional ones.
+    ordered = sorted(keyword + extra, key=lambda p: p.default is not inspect.Parameter.empty)
+    return inspect.signature(init).replace(parameters=positional + ordered)
 
 
 def _per_worker(name: str, value: Any, n: int) -> list[Any]:

@@ -214,3 +214,20 @@ def test_async_collector_signature_is_multiasync_less_num_workers() -> None:
     multi = inspect.signature(aiocollect.MultiAsyncCollector).parameters
     single = inspect.signature(aiocollect.AsyncCollector).parameters
     assert list(single) == [n for n in multi if n != "num_workers"]
+
+
+@pytest.mark.parametrize("name", ["MultiSyncCollector", "MultiAsyncCollector", "AsyncCollector"])
+def test_multi_collectors_take_every_collector_argument(name: str) -> None:
+    # Collector's signature is the one declaration of the shared arguments and defaults.
+    import aiocollect
+
+    shared = inspect.signature(aiocollect.Collector).parameters
+    params = inspect.signature(getattr(aiocollect, name)).parameters
+    for arg, p in shared.items():
+        assert arg in params and params[arg].default == p.default, arg
+    with pytest.raises(TypeError, match=rf"^{name}\(\) got an unexpected keyword argument 'frame_per_batch'$"):
+        getattr(aiocollect, name)("CartPole-v1", frame_per_batch=8)
+    with pytest.raises(TypeError, match=rf"^{name}\(\) missing required keyword-only argument: 'frames_per_batch'$"):
+        getattr(aiocollect, name)("CartPole-v1", num_workers=1) if name != "AsyncCollector" else aiocollect.AsyncCollector(
+            "CartPole-v1"
+        )
