@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import math
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from ._samplers import Sampler
 from ._storage import _file_name, map_files
-
-if TYPE_CHECKING:
-    from ._buffer import ReplayBuffer
 
 __all__ = ["BufferPersistence", "dumps", "load_state_dict", "loads", "state_dict"]
 
@@ -36,13 +33,16 @@ _FROM_STATE_DICT = "pass a dict returned by ReplayBuffer.state_dict()"
 _FROM_DUMPS = "pass a directory written by ReplayBuffer.dumps()"
 
 Layout = list[tuple[Any, tuple[int, ...], torch.dtype]]
+# The ReplayBuffer being saved or restored. Not imported: _buffer imports this module, and
+# the layering rule allows no cycle, even one only a type checker follows.
+Buffer = Any
 
 
 def _class_name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _meta(rb: ReplayBuffer) -> dict[str, Any]:
+def _meta(rb: Buffer) -> dict[str, Any]:
     st = rb.storage
     return {
         "format": _FORMAT,
@@ -79,7 +79,7 @@ def _layout(meta: dict[str, Any], fix: str) -> Layout:
     return layout
 
 
-def _mismatches(rb: ReplayBuffer, meta: dict[str, Any], layout: Layout) -> tuple[list[str], list[str]]:
+def _mismatches(rb: Buffer, meta: dict[str, Any], layout: Layout) -> tuple[list[str], list[str]]:
     """Where the saved buffer differs from ``rb``: (clauses, what to create alike)."""
     problems: list[str] = []
     alike: list[str] = []
@@ -116,7 +116,7 @@ def _mismatches(rb: ReplayBuffer, meta: dict[str, Any], layout: Layout) -> tuple
     return problems, alike
 
 
-def _inconsistency(rb: ReplayBuffer, meta: dict[str, Any], layout: Layout) -> str | None:
+def _inconsistency(rb: Buffer, meta: dict[str, Any], layout: Layout) -> str | None:
     """What in ``meta`` cannot be restored whatever the buffer (a damaged state), or None."""
     cap, row = meta["capacity"], meta["row_length"]
     if layout:
@@ -147,7 +147,7 @@ def _inconsistency(rb: ReplayBuffer, meta: dict[str, Any], layout: Layout) -> st
     return None
 
 
-def _check(rb: ReplayBuffer, meta: Any, fix: str) -> Layout:
+def _check(rb: Buffer, meta: Any, fix: str) -> Layout:
     """Raise one ``ValueError`` naming every way ``meta`` does not fit ``rb``; change nothing."""
     if not isinstance(meta, dict):
         raise TypeError(f"a saved buffer state must be a dict, got {type(meta).__name__}; {fix}")
@@ -174,7 +174,7 @@ def _check(rb: ReplayBuffer, meta: Any, fix: str) -> Layout:
     return layout
 
 
-def _restore(rb: ReplayBuffer, meta: dict[str, Any], layout: Layout, frames: dict[Any, torch.Tensor] | None) -> None:
+def _restore(rb: Buffer, meta: dict[str, Any], layout: Layout, frames: dict[Any, torch.Tensor] | None) -> None:
     """Apply a state that `_check` accepted; ``frames=None``: the storage already holds them."""
     if layout:
         rb.build(layout, meta["row_length"] or 1)
@@ -190,12 +190,12 @@ def _restore(rb: ReplayBuffer, meta: dict[str, Any], layout: Layout, frames: dic
     rb._generator.set_state(meta["generator"])
 
 
-def _check_idle(rb: ReplayBuffer, what: str) -> None:
+def _check_idle(rb: Buffer, what: str) -> None:
     if rb._in_flight:
         raise RuntimeError(f"{what} while {rb._in_flight} frames are being written; pause the collectors first")
 
 
-def state_dict(rb: ReplayBuffer) -> dict[str, Any]:
+def state_dict(rb: Buffer) -> dict[str, Any]:
     with rb._lock:
         _check_idle(rb, "state_dict() called")
         state = _meta(rb)
@@ -214,7 +214,7 @@ def _check_frames(frames: Any, layout: Layout, rows: int) -> None:
         )
 
 
-def load_state_dict(rb: ReplayBuffer, state: dict[str, Any]) -> None:
+def load_state_dict(rb: Buffer, state: dict[str, Any]) -> None:
     with rb._lock:
         _check_idle(rb, "load_state_dict() called")
         layout = _check(rb, state, _FROM_STATE_DICT)
@@ -223,7 +223,7 @@ def load_state_dict(rb: ReplayBuffer, state: dict[str, Any]) -> None:
         _restore(rb, state, layout, frames)
 
 
-def dumps(rb: ReplayBuffer, path: str) -> None:
+def dumps(rb: Buffer, path: str) -> None:
     os.makedirs(path, exist_ok=True)
     with rb._lock:
         _check_idle(rb, "dumps() called")
@@ -251,7 +251,7 @@ def _check_files(folder: str, layout: Layout, rows: int) -> None:
         raise ValueError(f"the saved buffer's frame files {bad} are missing or short in {folder!r}; {_FROM_DUMPS}")
 
 
-def loads(rb: ReplayBuffer, path: str) -> None:
+def loads(rb: Buffer, path: str) -> None:
     file = os.path.join(path, "state.pt")
     if not os.path.exists(file):
         raise FileNotFoundError(f"no saved buffer in {path!r} (state.pt is missing); pass a directory written by dumps()")
