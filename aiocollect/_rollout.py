@@ -21,6 +21,7 @@ import torch
 
 from ._envs import AsyncBatchedEnv, BatchedEnv, StepArrays, StepOut
 from ._policy import PolicyAdapter
+from ._seeding import TrajCounter
 from ._specs import ArraySpec, NestedKey
 
 if TYPE_CHECKING:
@@ -35,41 +36,25 @@ class Interrupted(Exception):
     """The collector asked the rollout to stop between two steps."""
 
 
-class TrajCounter:
-    """Hands out trajectory ids ``start, start + stride, ...``.
-
-    Worker ``w`` of ``W`` counts with ``start=w, stride=W``: ids are unique across workers
-    without any shared state, and do not depend on timing (so seeded runs are reproducible).
-    """
-
-    def __init__(self, start: int = 0, stride: int = 1) -> None:
-        self.next, self.stride = start, stride
-        self._lock = threading.Lock()
-
-    def take(self, n: int) -> torch.Tensor:
-        return torch.from_numpy(self.take_np(n))
-
-    def take_one(self) -> int:
-        with self._lock:
-            start, self.next = self.next, self.next + self.stride
-        return start
-
-    def take_np(self, n: int) -> np.ndarray:
-        with self._lock:
-            start, self.next = self.next, self.next + n * self.stride
-        return np.arange(start, start + n * self.stride, self.stride, dtype=np.int64)
-
-
 def _nxt(key: NestedKey) -> tuple[str, ...]:
     return ("next", key) if isinstance(key, str) else ("next", *key)
 
 
-def _numpy(obs: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, np.ndarray] | None:
-    """Numpy views of ``obs``, or ``None`` if one is not a plain CPU tensor (the torch path then)."""
-    try:
-        return {k: v.numpy() for k, v in obs.items()}
-    except (RuntimeError, TypeError):
-        return None
+def _np_views(tensors: dict[Any, torch.Tensor]) -> dict[Any, np.ndarray]:
+    """Numpy views of those of ``tensors`` that have one (on the CPU, of a dtype numpy knows)."""
+    views = {}
+    for k, v in tensors.items():
+        try:
+            views[k] = v.numpy()
+        except (RuntimeError, TypeError):  # e.g. bfloat16, or on a GPU: written by torch
+            pass
+    return views
+
+
+def _numpy(tensors: dict[Any, torch.Tensor]) -> dict[Any, np.ndarray] | None:
+    """Numpy views of all of ``tensors``, or ``None`` (the torch path then writes them)."""
+    views = _np_views(tensors)
+    return views if len(views) == len(tensors) else None
 
 
 class Rollout:
@@ -238,12 +223,15 @@ class Rollout:
             self.flat["next_step_count"] = buf[("next", "step_count")].squeeze(-1)
         # Every step writes the same slices: make their views once, not ~15 per step (for
         # batches of up to _CACHED_STEPS steps; longer ones make them as they go).
-        self._buf_np = {k: v.numpy() for k, v in buf.items()}
+        # Numpy twins of the storage (every key numpy can hold: not bfloat16, for instance).
+        self._buf_np = _np_views(buf)
+        self._np_obs = all(k in self._buf_np and _nxt(k) in self._buf_np for k in self.spec.observation)
         self._cached_views = [self._make_views(t) for t in range(T)] if T <= _CACHED_STEPS else None
 
     def _make_views(self, t: int) -> StepOut:
         buf, buf_np = self.buf, self._buf_np
         assert buf is not None
+        # [t, ...] keeps 0-d slices (a single env's) as writable numpy views, not scalars.
         obs_keys = list(self.spec.observation)
         next_obs = {k: buf[_nxt(k)][t] for k in obs_keys}
         flags = tuple(self.flat[k][t] for k in ("reward", "terminated", "truncated", "done"))
@@ -255,12 +243,11 @@ class Rollout:
             next_obs=next_obs,
             flags=flags,  # type: ignore[arg-type]
             traj=buf[traj][t] if self.track_traj_ids else None,
-            next_obs_np={k: v.numpy() for k, v in next_obs.items()},
+            next_obs_np={k: buf_np[_nxt(k)][t, ...] for k in obs_keys if _nxt(k) in buf_np},
             flags_np=tuple(f.numpy() for f in flags),  # type: ignore[arg-type]
-            # [t, ...] keeps 0-d slices (a single env's) as writable views, not numpy scalars.
-            obs_np=[(k, buf_np[k][t, ...]) for k in obs_keys],
-            out_np={k: buf_np[k][t, ...] for k in out_keys},
-            traj_np=buf_np[traj][t, ...] if self.track_traj_ids else None,
+            obs_np=[(k, buf_np[k][t, ...]) for k in obs_keys if k in buf_np],
+            out_np={k: buf_np[k][t, ...] for k in out_keys if k in buf_np},
+            traj_np=buf_np[traj][t, ...] if traj in buf_np else None,
         )
 
     def views(self, t: int) -> StepOut:
@@ -297,7 +284,7 @@ class Rollout:
         out = self._sample() if random else self._policy(self.obs)
         views = self._step_views = self.views(t)  # record() writes the same step's slices
         obs_np = self._obs_np
-        if obs_np is not None:  # numpy writes cost a fraction of torch ones at this size
+        if obs_np is not None and self._np_obs:  # numpy writes cost a fraction of torch ones here
             for k, dst_np in views.obs_np:
                 dst_np[...] = obs_np[k]
         else:
@@ -314,7 +301,7 @@ class Rollout:
                 except (RuntimeError, TypeError):  # on another device, or needs grad
                     a = a.detach().cpu()
                     a_np = a.numpy()
-                views.out_np[k][...] = a_np
+                views.out_np[k][...] = a_np  # gymnasium's action dtypes are all numpy's
                 action[k] = a_np
             else:
                 views.out[i][1].copy_(a)
@@ -353,7 +340,7 @@ class Rollout:
             flat["done"][t].copy_(done)
         # The next step's observation is this step's next observation: a view, no copy.
         views = self.views(t)
-        self.obs, self._obs_np = views.next_obs, views.next_obs_np
+        self.obs, self._obs_np = views.next_obs, views.next_obs_np if self._np_obs else None
         return done if bool(done.any()) else None
 
     def _record_fast(self, t: int, step: StepArrays) -> Any:
@@ -373,7 +360,7 @@ class Rollout:
             trunc_dst.copy_(trunc)
             torch.logical_or(term, trunc, out=done)
         # The next step's observation is this step's next observation: a view, no copy.
-        self.obs, self._obs_np = views.next_obs, views.next_obs_np
+        self.obs, self._obs_np = views.next_obs, views.next_obs_np if self._np_obs else None
         done_np = views.flags_np[3]
         if done_np.tobytes() == self._no_done:
             return None
