@@ -172,21 +172,23 @@ class _GymVector(_GymBase):
         mode = env.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
         self._same_step = gym.vector.AutoresetMode(mode) == gym.vector.AutoresetMode.SAME_STEP
         self._auto_reset = np.zeros(env.num_envs, dtype=np.bool_)
+        self._no_rows = bytes(env.num_envs)  # a row mask's bytes when no row is selected
 
     def _reset_arrays(self, mask: Any, seeds: Sequence[int] | None) -> dict[NestedKey, torch.Tensor]:
         seed = None if seeds is None else [int(s) for s in seeds]
         if mask is not None and not isinstance(mask, np.ndarray):
             mask = mask.numpy()
-        if mask is None or (bool(mask.all()) and not self._same_step):
+        if mask is None or (not self._same_step and bool(mask.all())):
             obs, _ = self.env.reset(seed=seed)
             write_obs(self._obs_leaves, obs, self._reset_obs, self._src, "reset()")
             self._auto_reset[:] = False
             return self._reset_obs
         # In SAME_STEP mode gymnasium already reset the rows that ended during step() and their
         # reset observations were stashed then; only the other rows (ended by the collector's
-        # own step limit) need a real reset.
-        need = mask.astype(np.bool_, copy=False) & ~self._auto_reset
-        if need.any():
+        # own step limit) need a real reset. (Runs at every episode end: one ufunc, and a
+        # bytes compare instead of need.any(), which costs ten times more at this size.)
+        need = mask.astype(np.bool_, copy=False) > self._auto_reset
+        if need.tobytes() != self._no_rows:
             obs, _ = self.env.reset(seed=seed, options={"reset_mask": need})
             write_obs(self._obs_leaves, obs, self._reset_obs, self._src, "reset()", rows=need)
         self._auto_reset[:] = False

@@ -140,27 +140,30 @@ class Rollout:
         return self.needs_reset or self.reset_at_each_iter
 
     def _apply_reset_np(self, reset_obs: dict[NestedKey, torch.Tensor], mask: np.ndarray) -> None:
-        # The numpy twin of the masked branch of `apply_reset` (same results, fewer dispatches).
+        # The numpy twin of the masked branch of `apply_reset` (same results, fewer dispatches:
+        # it runs at every episode end). Rows are flat indices of the batch.
         carrier, carrier_np, obs_np = self._carrier, self._carrier_np, self._obs_np
-        whole = mask.ndim == 0  # a single env: the reset observation replaces the whole row
+        rows: Any = () if mask.ndim == 0 else np.flatnonzero(mask)  # (): a single env's whole row
+        if len(rows) == 1:
+            rows = int(rows[0])  # plain indexing: a fraction of the cost of fancy indexing
         for k, v in self.obs.items():
             c, dst = carrier.get(k), carrier_np.get(k)
             if c is None or dst is None or c.shape != v.shape or c.dtype != v.dtype:
                 c = carrier[k] = torch.empty_like(v)
                 dst = carrier_np[k] = c.numpy()
-            if whole:
-                dst[...] = self._np(reset_obs[k])
+            src = self._np(reset_obs[k])
+            if mask.ndim == 0:
+                dst[...] = src
                 continue
             dst[...] = obs_np[k] if obs_np is not None else v.numpy()
-            np.copyto(dst, self._np(reset_obs[k]), where=mask.reshape(mask.shape + (1,) * (dst.ndim - mask.ndim)))
+            if self.nb == 1:
+                dst[rows] = src[rows]
+            else:
+                np.copyto(dst, src, where=mask.reshape(mask.shape + (1,) * (dst.ndim - mask.ndim)))
         self.obs, self._obs_np = dict(carrier), dict(carrier_np)
-        if whole:
-            self._traj_np[()] = self.counter.take_one()
-            self._steps_np[()] = 0
-            return
-        rows = np.flatnonzero(mask)
-        self._traj_np.reshape(-1)[rows] = self.counter.take_np(len(rows))
-        self._steps_np.reshape(-1)[rows] = 0
+        ids, steps = (self._traj_np, self._steps_np) if self.nb <= 1 else (self._traj_np.reshape(-1), self._steps_np.reshape(-1))
+        ids[rows] = self.counter.take_one() if isinstance(rows, (int, tuple)) else self.counter.take_np(len(rows))
+        steps[rows] = 0
 
     def _np(self, t: torch.Tensor) -> np.ndarray:
         """A numpy view of ``t``, cached (an adapter's reset buffers are reused every step)."""
