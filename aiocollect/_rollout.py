@@ -408,9 +408,7 @@ class Rollout:
         if out is None:
             out = {k: torch.empty(shape, dtype=dtype, device=dev) for k, shape, dtype in self.output_layout()}
         self._write_out(out, steps)
-        td = TensorDict(out, batch_size=(*self.B, self.T), device=dev)
-        td.refine_names(*([None] * self.nb), "time")
-        return td
+        return TensorDict(out, batch_size=(*self.B, self.T), device=dev, names=[*([None] * self.nb), "time"])
 
     # -- the two loops ---------------------------------------------------------------------
     def prepare(self) -> None:
