@@ -227,3 +227,30 @@ def test_tensordict_module_policy_still_runs_in_process() -> None:
         assert torch.equal(batch["action"], batch["logits"].argmax(-1))
     finally:
         env.close()
+
+
+def test_collect_into_a_preempted_batch_marks_the_missing_steps() -> None:
+    from aiocollect._policy import PolicyAdapter
+    from aiocollect._rollout import Rollout, TrajCounter
+    from aiocollect.testing import CountingEnv
+
+    env = CountingEnv(2, episode_length=4)
+    adapter = PolicyAdapter(None, policy_device=None, exploration_type="random")
+    adapter.bind(env.spec)
+    rollout = Rollout(
+        env, adapter, steps=6, traj_counter=TrajCounter(), generator=torch.Generator().manual_seed(0),
+        max_frames_per_traj=None, set_truncated=False, reset_at_each_iter=False, env_device=None,
+        storing_device=None, track_traj_ids=True, stop=threading.Event(), worker_id=1,
+    )  # fmt: skip
+    rollout.prepare()
+    out = {k: torch.full(s, 7, dtype=d) for k, s, d in rollout.output_layout()}
+    polls = iter(range(100))
+    assert rollout.collect_into(True, out, preempt=lambda: next(polls) >= 3) == 3
+    assert torch.equal(out["observation"][:, :3, 2], torch.tensor([[0.0, 1, 2], [0, 1, 2]]))
+    assert bool((out["observation"][:, 3:] == 0).all()) and bool((out["action"][:, 3:] == 0).all())
+    assert bool((out[("collector", "traj_ids")][:, 3:] == -1).all())
+    assert out[("collector", "policy_version")].tolist() == [[0, 0, 0, -1, -1, -1]] * 2
+    assert bool((out[("collector", "worker_id")][:, :3] == 1).all())
+    # The next batch carries on from where the preempted one stopped.
+    assert rollout.collect_into(True, out) == 6
+    assert out["observation"][:, 0, 2].tolist() == [3.0, 3.0]
