@@ -67,7 +67,8 @@ class PolicyAdapter:
     """Calls the user's policy on a dict of observation tensors and returns output tensors.
 
     The adapter owns the device copy (made only when the parameters live elsewhere) and the
-    policy version. It never branches per step on the policy's kind: `bind` picks `_call`.
+    policy version. It never branches per step on the policy's kind: `__init__` picks `_call`
+    (`bind` narrows a plain module's to the one-observation, one-action case).
 
     Args:
         policy: ``None`` (random actions), an ``nn.Module`` or callable taking the observation

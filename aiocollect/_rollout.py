@@ -4,10 +4,11 @@ Storage is time-major (``[T, *B, ...]``) so each step writes one contiguous slic
 end moves time to the last batch dim while making the one copy the caller gets to keep.
 
 The engine is a small step machine (`begin`, `act`, `record`, `apply_reset`) driven by two
-loops: `collect_into` runs in a worker thread or process for synchronous envs (with the
-common step inlined, see `_run`), `acollect` runs on the event loop for async envs (with the
-policy sent to a thread). Neither imports tensordict: only `collect`/`acollect`, which return
-a TensorDict, do.
+loops: `_run` (behind `collect_into` and `collect`) runs in a worker thread or process for
+synchronous envs, `acollect` runs on the event loop for async envs (with the policy sent to a
+thread). Per-step writes go through cached numpy views of the storage: at these sizes a numpy
+write costs a fraction of a torch one. Only `collect` and `acollect`, which return a
+TensorDict, import tensordict.
 """
 
 from __future__ import annotations
@@ -161,8 +162,10 @@ class Rollout:
             else:
                 np.copyto(dst, src, where=mask.reshape(mask.shape + (1,) * (dst.ndim - mask.ndim)))
         self.obs, self._obs_np = dict(carrier), dict(carrier_np)
-        ids, steps = (self._traj_np, self._steps_np) if self.nb <= 1 else (self._traj_np.reshape(-1), self._steps_np.reshape(-1))
-        ids[rows] = self.counter.take_one() if isinstance(rows, (int, tuple)) else self.counter.take_np(len(rows))
+        ids, steps = self._traj_np.reshape(-1), self._steps_np.reshape(-1)  # views: flat rows
+        if isinstance(rows, tuple):
+            ids, steps = self._traj_np, self._steps_np  # 0-d: indexed by ()
+        ids[rows] = self.counter.take_np(len(rows)) if isinstance(rows, np.ndarray) else self.counter.take_one()
         steps[rows] = 0
 
     def _np(self, t: torch.Tensor) -> np.ndarray:
@@ -224,11 +227,11 @@ class Rollout:
         if self.max_steps:
             self.flat["step_count"] = buf["step_count"].squeeze(-1)
             self.flat["next_step_count"] = buf[("next", "step_count")].squeeze(-1)
-        # Every step writes the same slices: make their views once, not ~15 per step (for
-        # batches of up to _CACHED_STEPS steps; longer ones make them as they go).
         # Numpy twins of the storage (every key numpy can hold: not bfloat16, for instance).
         self._buf_np = _np_views(buf)
         self._np_obs = all(k in self._buf_np and _nxt(k) in self._buf_np for k in self.spec.observation)
+        # Every step writes the same slices: make their views once, not ~15 per step (for
+        # batches of up to _CACHED_STEPS steps; longer ones make them as they go).
         self._cached_views = [self._make_views(t) for t in range(T)] if T <= _CACHED_STEPS else None
 
     def _make_views(self, t: int) -> StepOut:
