@@ -250,8 +250,10 @@ class Collector(CollectorLifecycle):
             views = rb.storage.views(res.pieces, shape)
             if isinstance(rollout.env, AsyncBatchedEnv):
                 batch = await rollout.acollect(random, self._lane.run, out=views)
+            elif views is not None:  # straight into the buffer's rows, no TensorDict around them
+                await self._lane.run(rollout.collect_into, random, views)
             else:
-                batch = await self._lane.run(rollout.collect, random, views)
+                batch = await self._lane.run(rollout.collect, random, None)
             if views is None:  # the rows wrap around the end of the ring: copy in two pieces
                 rb.storage.write(res.pieces, {k: v.reshape(res.n, *v.shape[len(shape):])
                                               for k, v in batch.items(include_nested=True, leaves_only=True)})  # fmt: skip

@@ -6,12 +6,12 @@ Messages follow one grammar: the rule, the value (``!r``) and, where useful, the
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from tensordict.nn import InteractionType
 
 from ._errors import warn_user
 from ._validate import check_bool, check_int, check_seconds
@@ -30,7 +30,9 @@ class CollectorConfig:
     reset_at_each_iter: bool
     postproc: Callable[[Any], Any] | None
     split_trajs: bool
-    exploration_type: InteractionType
+    # The value of a tensordict.nn.InteractionType ("random", "mode", ...), kept as a plain
+    # str so that unpickling a config in a worker does not import tensordict.
+    exploration_type: str
     env_device: torch.device | None
     policy_device: torch.device | None
     storing_device: torch.device | None
@@ -49,18 +51,53 @@ def _device(name: str, value: Any) -> torch.device | None:
         raise ValueError(f"{name} must be a torch.device or a device string like 'cpu' or 'cuda:0', got {value!r}") from exc
 
 
-def _env_fn(value: Any) -> Any:
-    import gymnasium as gym
+# The values of tensordict.nn.InteractionType (a StrEnum), so a str is checked without
+# importing tensordict; anything else asks tensordict itself (a newer release may add values).
+_INTERACTION_VALUES = frozenset({"mode", "median", "mean", "random", "deterministic"})
 
-    from ._envs import AsyncBatchedEnv, BatchedEnv
+
+def _exploration_type(value: Any) -> str:
+    """An InteractionType, or its value in any case, as a plain lower-case str."""
+    if isinstance(value, str):  # InteractionType members are str too
+        v = str.lower(value)
+        if v in _INTERACTION_VALUES:
+            return v
+    from tensordict.nn import InteractionType
 
     if isinstance(value, str):
+        try:
+            return str.lower(InteractionType(value.lower()).value)
+        except ValueError:
+            pass
+    choices = ", ".join(t.name for t in InteractionType)
+    raise ValueError(f"exploration_type must be a tensordict.nn.InteractionType ({choices}), got {value!r}")
+
+
+def _env_types() -> tuple[type, ...]:
+    """The classes an env instance may have: aiocollect's, and gymnasium's once it is loaded.
+
+    A gymnasium env cannot exist before gymnasium was imported, so a process whose envs are
+    all aiocollect `BatchedEnv`s never imports it.
+    """
+    from ._envs import AsyncBatchedEnv, BatchedEnv
+
+    if "gymnasium" not in sys.modules:
+        return (BatchedEnv, AsyncBatchedEnv)
+    import gymnasium as gym
+
+    return (gym.Env, gym.vector.VectorEnv, BatchedEnv, AsyncBatchedEnv)
+
+
+def _env_fn(value: Any) -> Any:
+    if isinstance(value, str):
+        import gymnasium as gym
+
         if value not in gym.envs.registry:
             close = [k for k in gym.envs.registry if k.lower().startswith(value.split("-")[0].lower())][:3]
             hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
             raise ValueError(f"create_env_fn {value!r} is not a registered gymnasium env id{hint}; check the id and version")
         return value
-    if isinstance(value, (gym.Env, gym.vector.VectorEnv, BatchedEnv, AsyncBatchedEnv)) or callable(value):
+    if isinstance(value, _env_types()) or callable(value):
         return value
     raise TypeError(
         "create_env_fn must be a gymnasium env id, a gymnasium Env or VectorEnv, an aiocollect BatchedEnv, "
@@ -69,11 +106,7 @@ def _env_fn(value: Any) -> Any:
 
 
 def _is_factory(value: Any) -> bool:
-    import gymnasium as gym
-
-    from ._envs import AsyncBatchedEnv, BatchedEnv
-
-    return callable(value) and not isinstance(value, (gym.Env, gym.vector.VectorEnv, BatchedEnv, AsyncBatchedEnv))
+    return callable(value) and not isinstance(value, _env_types())
 
 
 def validate_config(
@@ -140,14 +173,7 @@ def validate_config(
         )
     if postproc is not None and not callable(postproc):
         raise TypeError(f"postproc must be a callable taking and returning a TensorDict, or None, got {postproc!r}")
-    if isinstance(exploration_type, str):
-        try:
-            exploration_type = InteractionType(exploration_type.lower())
-        except ValueError:
-            exploration_type = None
-    if not isinstance(exploration_type, InteractionType):
-        choices = ", ".join(t.name for t in InteractionType)
-        raise ValueError(f"exploration_type must be a tensordict.nn.InteractionType ({choices}), got {exploration_type!r}")
+    exploration_type = _exploration_type(exploration_type)
     if create_env_kwargs is not None and not isinstance(create_env_kwargs, dict):
         raise TypeError(f"create_env_kwargs must be a dict or None, got {create_env_kwargs!r}")
     dev = _device("device", device)
@@ -185,15 +211,14 @@ def validate_config(
 
 def make_env(cfg: CollectorConfig) -> Any:
     """Build the env described by ``cfg`` and wrap it as a `BatchedEnv`/`AsyncBatchedEnv` (blocking)."""
-    import gymnasium as gym
-
     from ._envs import AsyncBatchedEnv, BatchedEnv
-    from ._gym import wrap_gymnasium
 
     fn, kwargs = cfg.create_env_fn, cfg.create_env_kwargs
     if isinstance(fn, str):
+        import gymnasium as gym
+
         env = gym.make(fn, **kwargs)
-    elif isinstance(fn, (gym.Env, gym.vector.VectorEnv, BatchedEnv, AsyncBatchedEnv)):
+    elif isinstance(fn, _env_types()):
         if kwargs:
             raise ValueError("create_env_kwargs can only be used with an env id or a factory, not an env instance")
         env = fn
@@ -201,7 +226,9 @@ def make_env(cfg: CollectorConfig) -> Any:
         env = fn(**kwargs)
     if isinstance(env, (BatchedEnv, AsyncBatchedEnv)):
         return env
-    if isinstance(env, (gym.Env, gym.vector.VectorEnv)):
+    if isinstance(env, _env_types()):  # a gymnasium env (aiocollect's were returned above)
+        from ._gym import wrap_gymnasium
+
         try:
             return wrap_gymnasium(env)
         except BaseException:

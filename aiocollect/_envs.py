@@ -10,14 +10,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
 
 from ._errors import EnvOutputError
 from ._specs import EnvSpec, NestedKey
+
+if TYPE_CHECKING:  # tensordict is imported where the TensorDict protocol is used, not by workers
+    from tensordict import TensorDictBase
 
 __all__ = ["AsyncBatchedEnv", "BatchedEnv", "StepArrays", "StepOut", "obs_label", "output_shape_error"]
 
@@ -32,6 +34,8 @@ class StepOut:
     ``flags`` are the ``[*B]`` reward, terminated, truncated and done slices. The ``*_np``
     fields are numpy views of the same memory: on the hot path a numpy write costs a fraction
     of a torch one. An adapter that fills everything returns ``next_obs`` and ``flags[:3]``.
+    ``obs_np``, ``out_np`` and ``traj_np`` are the rollout's own numpy twins of ``obs``,
+    ``out`` and ``traj`` (adapters do not touch them).
     """
 
     obs: list[tuple[NestedKey, torch.Tensor]]
@@ -41,6 +45,9 @@ class StepOut:
     traj: torch.Tensor | None
     next_obs_np: dict[NestedKey, Any]
     flags_np: tuple[Any, Any, Any, Any]
+    obs_np: list[tuple[NestedKey, Any]] = field(default_factory=list)
+    out_np: dict[NestedKey, Any] = field(default_factory=dict)
+    traj_np: Any = None
 
 
 def output_shape_error(
@@ -194,6 +201,8 @@ class BatchedEnv(_EnvBase, ABC):
     def _step_arrays(self, action: dict[NestedKey, torch.Tensor], out: StepOut | None = None) -> StepArrays:
         # ``out`` (where the collector will store this step) is a hint that adapters may
         # write into directly; the TensorDict protocol ignores it.
+        from tensordict import TensorDict
+
         return self._unpack_step(self.step(TensorDict(action, batch_size=self.spec.batch_size)))
 
 
@@ -234,4 +243,6 @@ class AsyncBatchedEnv(_EnvBase, ABC):
         return self._unpack_reset(await self.reset(mask, seeds))
 
     async def _step_arrays(self, action: dict[NestedKey, torch.Tensor]) -> StepArrays:
+        from tensordict import TensorDict
+
         return self._unpack_step(await self.step(TensorDict(action, batch_size=self.spec.batch_size)))

@@ -196,16 +196,19 @@ def write_row(
         dst.copy_(t)
 
 
-def to_gym_action(leaves: list[Leaf], action: dict[NestedKey, torch.Tensor], single: bool) -> Any:
-    """Turn the action tensors into the value gymnasium's ``step`` expects."""
+def to_gym_action(leaves: list[Leaf], action: dict[NestedKey, Any], single: bool) -> Any:
+    """Turn the action tensors (or numpy arrays) into the value gymnasium's ``step`` expects."""
 
     def leaf_value(leaf: Leaf) -> Any:
         a = action[leaf.key]
-        if a.requires_grad or a.device.type != "cpu":
-            a = a.detach().cpu()
-        if leaf.spec.kind == "one_hot":
-            a = a.argmax(-1)
-        arr = a.numpy()
+        if isinstance(a, np.ndarray):
+            arr = a.argmax(-1) if leaf.spec.kind == "one_hot" else a
+        else:
+            if a.requires_grad or a.device.type != "cpu":
+                a = a.detach().cpu()
+            if leaf.spec.kind == "one_hot":
+                a = a.argmax(-1)
+            arr = a.numpy()
         if leaf.start is not None:
             arr = arr + leaf.start
         if isinstance(leaf.space, spaces.Box):

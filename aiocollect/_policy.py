@@ -1,22 +1,39 @@
-"""Policy adapter: one call signature for ``None``, plain ``nn.Module``s and TensorDict callables."""
+"""Policy adapter: one call signature for ``None``, plain ``nn.Module``s and TensorDict callables.
+
+tensordict is imported only for TensorDict policies: a worker process that runs a plain
+module never loads it.
+"""
 
 from __future__ import annotations
 
 import copy
 import inspect
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
-from tensordict.nn import InteractionType, TensorDictModuleBase, set_interaction_type
 
 from ._specs import EnvSpec, NestedKey
 
 __all__ = ["PolicyAdapter"]
 
 Outputs = dict[NestedKey, torch.Tensor]
+
+
+def _tensordict_loaded() -> bool:
+    # An object whose class comes from tensordict cannot exist before tensordict was imported,
+    # so while it is not in sys.modules no isinstance check against its classes is needed.
+    return "tensordict" in sys.modules
+
+
+def _is_tensordict_module(policy: Any) -> bool:
+    if not _tensordict_loaded():
+        return False
+    from tensordict.nn import TensorDictModuleBase
+
+    return isinstance(policy, TensorDictModuleBase)
 
 
 def _takes_tensordict(fn: Any) -> bool:
@@ -29,17 +46,40 @@ def _takes_tensordict(fn: Any) -> bool:
     if len(params) != 1:
         return False
     ann = params[0].annotation
-    return ann in (TensorDict, TensorDictBase) or (isinstance(ann, str) and "TensorDict" in ann)
+    if isinstance(ann, str):
+        return "TensorDict" in ann
+    if not _tensordict_loaded():
+        return False
+    from tensordict import TensorDict, TensorDictBase
+
+    return ann in (TensorDict, TensorDictBase)
+
+
+def _is_tensordict(value: Any) -> bool:
+    if not _tensordict_loaded():
+        return False
+    from tensordict import TensorDictBase
+
+    return isinstance(value, TensorDictBase)
 
 
 class PolicyAdapter:
     """Calls the user's policy on a dict of observation tensors and returns output tensors.
 
     The adapter owns the device copy (made only when the parameters live elsewhere) and the
-    policy version. It never branches per step on the policy's kind: `__init__` picks `_call`.
+    policy version. It never branches per step on the policy's kind: `__init__` picks `_call`
+    (`bind` narrows a plain module's to the one-observation, one-action case).
+
+    Args:
+        policy: ``None`` (random actions), an ``nn.Module`` or callable taking the observation
+            tensors, or a TensorDict callable (a ``TensorDictModule``, or a module whose
+            ``forward`` takes one TensorDict-annotated argument).
+        policy_device: Device to run the policy on; the module is copied there if needed.
+        exploration_type: The interaction type TensorDict policies run under, as a
+            ``tensordict.nn.InteractionType`` or its value (``"random"``, ``"mode"``, ...).
     """
 
-    def __init__(self, policy: Any, *, policy_device: torch.device | None, exploration_type: InteractionType) -> None:
+    def __init__(self, policy: Any, *, policy_device: torch.device | None, exploration_type: Any) -> None:
         self.original = policy
         # Held around every policy call and weight update so an update never lands mid-forward.
         self.lock = threading.Lock()
@@ -48,14 +88,23 @@ class PolicyAdapter:
         self.device = policy_device
         self.policy = self._maybe_copy(policy, policy_device)
         self.is_random = policy is None
+        self._interaction: Any = None
         if policy is None:
             self._call: Callable[[Outputs], Outputs] | None = None
-        elif isinstance(policy, torch.nn.Module) and not isinstance(policy, TensorDictModuleBase) and not (
-            _takes_tensordict(policy.forward)
-        ):
-            self._call = self._call_tensors
+            self._tensordict = False
         else:
-            self._call = self._call_tensordict
+            self._tensordict = not isinstance(policy, torch.nn.Module) or _is_tensordict_module(policy) or (
+                _takes_tensordict(policy.forward)
+            )
+            self._call = self._call_tensordict if self._tensordict else self._call_tensors
+        if self._tensordict:
+            # Only TensorDict policies read the interaction type, so only they import tensordict.
+            from tensordict import TensorDict
+            from tensordict.nn import InteractionType, set_interaction_type
+
+            self._td_class, self._set_interaction = TensorDict, set_interaction_type
+            et = exploration_type
+            self._interaction = et if isinstance(et, InteractionType) else InteractionType(str(et).lower())
 
     def bind(self, spec: EnvSpec) -> None:
         """Learn the env's observation and action keys (called once the env exists)."""
@@ -69,6 +118,9 @@ class PolicyAdapter:
         self.spec = spec
         self.obs_keys = list(spec.observation)
         self.action_keys = list(spec.action)
+        if self._call == self._call_tensors and self.device is None and len(self.obs_keys) == len(self.action_keys) == 1:
+            self._obs_key, self._action_key = self.obs_keys[0], self.action_keys[0]
+            self._call = self._call_one
 
     @staticmethod
     def _maybe_copy(policy: Any, device: torch.device | None) -> Any:
@@ -83,6 +135,10 @@ class PolicyAdapter:
     def _to_policy(self, t: torch.Tensor) -> torch.Tensor:
         return t if self.device is None else t.to(self.device, non_blocking=True)
 
+    def _call_one(self, obs: Outputs) -> Outputs:
+        # The common case (one observation, one action, no device move), without the loops.
+        return {self._action_key: self.policy(obs[self._obs_key])}
+
     def _call_tensors(self, obs: Outputs) -> Outputs:
         out = self.policy(*[self._to_policy(obs[k]) for k in self.obs_keys])
         if len(self.action_keys) == 1:
@@ -92,10 +148,8 @@ class PolicyAdapter:
         return dict(zip(self.action_keys, out, strict=True))
 
     def _call_tensordict(self, obs: Outputs) -> Outputs:
-        td = TensorDict({k: self._to_policy(v) for k, v in obs.items()}, batch_size=self.spec.batch_size)
-        # Only TensorDict policies read the interaction type (plain modules cannot), so only
-        # they pay for setting it.
-        with set_interaction_type(self.exploration_type):
+        td = self._td_class({k: self._to_policy(v) for k, v in obs.items()}, batch_size=self.spec.batch_size)
+        with self._set_interaction(self._interaction):
             result = self.policy(td)
         result = td if result is None else result
         return {k: v for k, v in result.items(include_nested=True, leaves_only=True) if k not in obs}
@@ -104,9 +158,14 @@ class PolicyAdapter:
         """Run the policy without gradients (TensorDict policies under the interaction type).
 
         Appends the policy version used to ``versions`` under the same lock as the call.
+        Callers that already run under ``torch.no_grad()`` (the rollout, around a whole batch)
+        do not pay for entering it again.
         """
-        with self.lock, torch.no_grad():
+        with self.lock:
             versions.append(self.version)
+            if torch.is_grad_enabled():
+                with torch.no_grad():
+                    return self._call(obs)  # type: ignore[misc]
             return self._call(obs)  # type: ignore[misc]
 
     def check(self, out: Outputs) -> None:
@@ -136,7 +195,7 @@ class PolicyAdapter:
                 )
             if isinstance(weights, torch.nn.Module):
                 weights = weights.state_dict()
-            if isinstance(weights, TensorDictBase):
+            if _is_tensordict(weights):
                 weights.to_module(target)
             else:
                 target.load_state_dict(weights)

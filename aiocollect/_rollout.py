@@ -1,26 +1,32 @@
 """The rollout engine: steps one batched env with one policy into a preallocated batch.
 
-Storage is time-major (``[T, *B, ...]``) so each step writes one contiguous slice; `finish`
-moves time to the last batch dim while making the one copy the caller gets to keep.
+Storage is time-major (``[T, *B, ...]``) so each step writes one contiguous slice; the batch
+end moves time to the last batch dim while making the one copy the caller gets to keep.
 
-The engine is a small step machine (`begin`, `act`, `record`, `apply_reset`, `finish`) driven
-by two loops: `collect` runs in a worker thread for synchronous envs, `acollect` runs on the
-event loop for async envs (with the policy sent to a thread). Both loops share every method.
+The engine is a small step machine (`begin`, `act`, `record`, `apply_reset`) driven by two
+loops: `_run` (behind `collect_into` and `collect`) runs in a worker thread or process for
+synchronous envs, `acollect` runs on the event loop for async envs (with the policy sent to a
+thread). Per-step writes go through cached numpy views of the storage: at these sizes a numpy
+write costs a fraction of a torch one. Only `collect` and `acollect`, which return a
+TensorDict, import tensordict.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict
 
 from ._envs import AsyncBatchedEnv, BatchedEnv, StepArrays, StepOut
 from ._policy import PolicyAdapter
+from ._seeding import TrajCounter
 from ._specs import ArraySpec, NestedKey
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
 
 __all__ = ["Interrupted", "Rollout", "TrajCounter"]
 
@@ -31,32 +37,45 @@ class Interrupted(Exception):
     """The collector asked the rollout to stop between two steps."""
 
 
-class TrajCounter:
-    """Hands out trajectory ids ``start, start + stride, ...``.
-
-    Worker ``w`` of ``W`` counts with ``start=w, stride=W``: ids are unique across workers
-    without any shared state, and do not depend on timing (so seeded runs are reproducible).
-    """
-
-    def __init__(self, start: int = 0, stride: int = 1) -> None:
-        self.next, self.stride = start, stride
-        self._lock = threading.Lock()
-
-    def take(self, n: int) -> torch.Tensor:
-        return torch.from_numpy(self.take_np(n))
-
-    def take_np(self, n: int) -> np.ndarray:
-        with self._lock:
-            start, self.next = self.next, self.next + n * self.stride
-        return np.arange(start, start + n * self.stride, self.stride, dtype=np.int64)
-
-
 def _nxt(key: NestedKey) -> tuple[str, ...]:
     return ("next", key) if isinstance(key, str) else ("next", *key)
 
 
+def _np_views(tensors: dict[Any, torch.Tensor]) -> dict[Any, np.ndarray]:
+    """Numpy views of those of ``tensors`` that have one (on the CPU, of a dtype numpy knows)."""
+    views = {}
+    for k, v in tensors.items():
+        try:
+            views[k] = v.numpy()
+        except (RuntimeError, TypeError):  # e.g. bfloat16, or on a GPU: written by torch
+            pass
+    return views
+
+
+def _numpy(tensors: dict[Any, torch.Tensor]) -> dict[Any, np.ndarray] | None:
+    """Numpy views of all of ``tensors``, or ``None`` (the torch path then writes them)."""
+    views = _np_views(tensors)
+    return views if len(views) == len(tensors) else None
+
+
 class Rollout:
-    """Collects ``steps`` steps per batch from ``env`` with ``policy``."""
+    """Collects ``steps`` steps per batch from ``env`` with ``policy``.
+
+    Args:
+        env: The batched env (sync or async).
+        policy: The bound `PolicyAdapter`.
+        steps: Time steps ``T`` per batch.
+        traj_counter: Where new trajectory ids come from.
+        generator: The CPU generator of random actions.
+        max_frames_per_traj: Truncate trajectories after this many steps (``None``: never).
+        set_truncated: Mark the last step of every batch truncated (without a reset).
+        reset_at_each_iter: Reset every env at the start of every batch.
+        env_device: Device actions are moved to before a (non-gymnasium) env step.
+        storing_device: Device of the batches `collect` allocates.
+        track_traj_ids: Record ``("collector", "traj_ids")``.
+        stop: Set to end the batch at the next step (`Interrupted`).
+        worker_id: Written to ``("collector", "worker_id")``.
+    """
 
     def __init__(
         self,
@@ -85,6 +104,7 @@ class Rollout:
         self.env_device, self.storing_device, self.worker_id = env_device, storing_device, worker_id
         self.stop = stop
         self.obs: dict[NestedKey, torch.Tensor] = {}
+        self._obs_np: dict[NestedKey, np.ndarray] | None = None  # numpy views of self.obs, if CPU
         self._carrier: dict[NestedKey, torch.Tensor] = {}
         self._carrier_np: dict[NestedKey, np.ndarray] = {}
         self._np_cache: dict[int, tuple[torch.Tensor, np.ndarray]] = {}
@@ -92,17 +112,26 @@ class Rollout:
         self._traj_np = self.traj_ids.numpy()
         self.step_count = torch.zeros(self.B, dtype=torch.int64)
         self._steps_np = self.step_count.numpy()
+        self._no_done = bytes(max(1, int(np.prod(self.B))))  # a done mask's bytes when no row is done
         self.needs_reset = True
         self.seeds: list[int] | None = None
         self.buf: dict[NestedKey, torch.Tensor] | None = None
         self.flat: dict[str, torch.Tensor] = {}
         self.extras: list[NestedKey] = []
         self.checked = False
+        self._action_keys = list(env.spec.action)
+        # Gymnasium adapters take numpy actions: then the rollout converts each action once.
+        self._numpy_actions = bool(getattr(env, "_numpy_actions", False))
         self.steps_done = 0  # for error reports: the step at which an env or policy failed
         self.versions: list[int] = []
+        # Set by a worker process's loop (its shared slots, control words, replay storage).
+        self.slots: list[dict[Any, torch.Tensor]] = []
+        self.control: Any = None
+        self.storage: dict[Any, torch.Tensor] | None = None
 
     # -- state changes requested by the collector (applied at the next batch) --------------
     def request_reset(self, seeds: list[int] | None = None) -> None:
+        """Reset every env at the start of the next batch (with one seed per env, if given)."""
         self.needs_reset = True
         if seeds is not None:
             self.seeds = seeds
@@ -112,20 +141,32 @@ class Rollout:
         return self.needs_reset or self.reset_at_each_iter
 
     def _apply_reset_np(self, reset_obs: dict[NestedKey, torch.Tensor], mask: np.ndarray) -> None:
-        # The numpy twin of the masked branch of `apply_reset` (same results, fewer dispatches).
-        views, carrier, carrier_np = self._step_views, self._carrier, self._carrier_np
+        # The numpy twin of the masked branch of `apply_reset` (same results, fewer dispatches:
+        # it runs at every episode end). Rows are flat indices of the batch.
+        carrier, carrier_np, obs_np = self._carrier, self._carrier_np, self._obs_np
+        rows: Any = () if mask.ndim == 0 else np.flatnonzero(mask)  # (): a single env's whole row
+        if len(rows) == 1:
+            rows = int(rows[0])  # plain indexing: a fraction of the cost of fancy indexing
         for k, v in self.obs.items():
-            c = carrier.get(k)
-            if c is None or c.shape != v.shape or c.dtype != v.dtype:
+            c, dst = carrier.get(k), carrier_np.get(k)
+            if c is None or dst is None or c.shape != v.shape or c.dtype != v.dtype:
                 c = carrier[k] = torch.empty_like(v)
-                carrier_np[k] = c.numpy()
-            dst, src = carrier_np[k], views.next_obs_np[k] if v is views.next_obs.get(k) else v.numpy()
-            np.copyto(dst, src)
-            np.copyto(dst, self._np(reset_obs[k]), where=mask.reshape(mask.shape + (1,) * (dst.ndim - mask.ndim)))
-        self.obs = dict(carrier)
-        ids = self._traj_np
-        ids[mask] = self.counter.take_np(int(np.count_nonzero(mask)))
-        self._steps_np[mask] = 0
+                dst = carrier_np[k] = c.numpy()
+            src = self._np(reset_obs[k])
+            if mask.ndim == 0:
+                dst[...] = src
+                continue
+            dst[...] = obs_np[k] if obs_np is not None else v.numpy()
+            if self.nb == 1:
+                dst[rows] = src[rows]
+            else:
+                np.copyto(dst, src, where=mask.reshape(mask.shape + (1,) * (dst.ndim - mask.ndim)))
+        self.obs, self._obs_np = dict(carrier), dict(carrier_np)
+        ids, steps = self._traj_np.reshape(-1), self._steps_np.reshape(-1)  # views: flat rows
+        if isinstance(rows, tuple):
+            ids, steps = self._traj_np, self._steps_np  # 0-d: indexed by ()
+        ids[rows] = self.counter.take_np(len(rows)) if isinstance(rows, np.ndarray) else self.counter.take_one()
+        steps[rows] = 0
 
     def _np(self, t: torch.Tensor) -> np.ndarray:
         """A numpy view of ``t``, cached (an adapter's reset buffers are reused every step)."""
@@ -140,6 +181,7 @@ class Rollout:
             return
         if mask is None:
             self.obs = {k: v.clone() for k, v in reset_obs.items()}
+            self._obs_np = _numpy(self.obs)
             self.traj_ids = self.counter.take(max(1, int(np.prod(self.B)))).reshape(self.B)
             self._traj_np = self.traj_ids.numpy()
             self.step_count.zero_()
@@ -153,8 +195,10 @@ class Rollout:
             c = carrier.get(k)
             if c is None or c.shape != v.shape or c.dtype != v.dtype:
                 c = carrier[k] = torch.empty_like(v)
+                self._carrier_np.pop(k, None)
             torch.where(_expand(mask, v), reset_obs[k], v, out=c)
         self.obs = dict(carrier)
+        self._obs_np = _numpy(self.obs)
         self.traj_ids.masked_scatter_(mask, self.counter.take(int(mask.sum())))
         self.step_count.masked_fill_(mask, 0)
 
@@ -183,24 +227,33 @@ class Rollout:
         if self.max_steps:
             self.flat["step_count"] = buf["step_count"].squeeze(-1)
             self.flat["next_step_count"] = buf[("next", "step_count")].squeeze(-1)
+        # Numpy twins of the storage (every key numpy can hold: not bfloat16, for instance).
+        self._buf_np = _np_views(buf)
+        self._np_obs = all(k in self._buf_np and _nxt(k) in self._buf_np for k in self.spec.observation)
         # Every step writes the same slices: make their views once, not ~15 per step (for
         # batches of up to _CACHED_STEPS steps; longer ones make them as they go).
         self._cached_views = [self._make_views(t) for t in range(T)] if T <= _CACHED_STEPS else None
 
     def _make_views(self, t: int) -> StepOut:
-        buf = self.buf
+        buf, buf_np = self.buf, self._buf_np
         assert buf is not None
+        # [t, ...] keeps 0-d slices (a single env's) as writable numpy views, not scalars.
         obs_keys = list(self.spec.observation)
         next_obs = {k: buf[_nxt(k)][t] for k in obs_keys}
         flags = tuple(self.flat[k][t] for k in ("reward", "terminated", "truncated", "done"))
+        out_keys = (*self.spec.action, *self.extras)
+        traj = ("collector", "traj_ids")
         return StepOut(
             obs=[(k, buf[k][t]) for k in obs_keys],
-            out=[(k, buf[k][t]) for k in (*self.spec.action, *self.extras)],
+            out=[(k, buf[k][t]) for k in out_keys],
             next_obs=next_obs,
             flags=flags,  # type: ignore[arg-type]
-            traj=buf[("collector", "traj_ids")][t] if self.track_traj_ids else None,
-            next_obs_np={k: v.numpy() for k, v in next_obs.items()},
+            traj=buf[traj][t] if self.track_traj_ids else None,
+            next_obs_np={k: buf_np[_nxt(k)][t, ...] for k in obs_keys if _nxt(k) in buf_np},
             flags_np=tuple(f.numpy() for f in flags),  # type: ignore[arg-type]
+            obs_np=[(k, buf_np[k][t, ...]) for k in obs_keys if k in buf_np],
+            out_np={k: buf_np[k][t, ...] for k in out_keys if k in buf_np},
+            traj_np=buf_np[traj][t, ...] if traj in buf_np else None,
         )
 
     def views(self, t: int) -> StepOut:
@@ -226,30 +279,47 @@ class Rollout:
     def _policy(self, obs: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, torch.Tensor]:
         return self.policy(obs, self.versions)
 
-    def act(self, t: int, random: bool) -> dict[NestedKey, torch.Tensor]:
+    def _sample(self) -> dict[NestedKey, torch.Tensor]:
+        self.versions.append(self.policy.version)
+        return {k: s.sample(self.generator, self.B) for k, s in self.spec.action.items()}
+
+    def act(self, t: int, random: bool) -> dict[NestedKey, Any]:
+        """Run the policy on the current observation and record both; returns the env's action."""
         if self.stop.is_set():
             raise Interrupted
-        buf = self.buf
-        assert buf is not None
-        if random:
-            self.versions.append(self.policy.version)
-            out = {k: s.sample(self.generator, self.B) for k, s in self.spec.action.items()}
-        else:
-            out = self._policy(self.obs)
+        out = self._sample() if random else self._policy(self.obs)
         views = self._step_views = self.views(t)  # record() writes the same step's slices
-        obs = self.obs
-        for k, dst in views.obs:
-            dst.copy_(obs[k])
-        for k, dst in views.out:
-            if k in out:
-                dst.copy_(out[k])
-        if views.traj is not None:
-            views.traj.copy_(self.traj_ids)
+        obs_np = self._obs_np
+        if obs_np is not None and self._np_obs:  # numpy writes cost a fraction of torch ones here
+            for k, dst_np in views.obs_np:
+                dst_np[...] = obs_np[k]
+        else:
+            obs = self.obs
+            for k, dst in views.obs:
+                dst.copy_(obs[k])
+        action: dict[NestedKey, Any] = {}
+        for i, k in enumerate(self._action_keys):  # views.out lists the action keys first
+            a = out[k]
+            if self._numpy_actions:
+                # The env wants numpy anyway: one conversion serves the storage and the env.
+                try:
+                    a_np = a.numpy()
+                except (RuntimeError, TypeError):  # on another device, or needs grad
+                    a = a.detach().cpu()
+                    a_np = a.numpy()
+                views.out_np[k][...] = a_np  # gymnasium's action dtypes are all numpy's
+                action[k] = a_np
+            else:
+                views.out[i][1].copy_(a)
+                action[k] = a if self.env_device is None else a.to(self.env_device)
+        if self.extras:
+            for k, dst in views.out[len(self._action_keys) :]:
+                if k in out:
+                    dst.copy_(out[k])
+        if views.traj_np is not None:
+            views.traj_np[...] = self._traj_np
         if self.max_steps:
             self.flat["step_count"][t].copy_(self.step_count)
-        action = {k: out[k] for k in self.spec.action}
-        if self.env_device is not None:
-            action = {k: v.to(self.env_device) for k, v in action.items()}
         return action
 
     def record(self, t: int, step: StepArrays) -> torch.Tensor | None:
@@ -275,7 +345,8 @@ class Rollout:
             flat["truncated"][t].copy_(trunc)
             flat["done"][t].copy_(done)
         # The next step's observation is this step's next observation: a view, no copy.
-        self.obs = {k: buf[_nxt(k)][t] for k in obs}
+        views = self.views(t)
+        self.obs, self._obs_np = views.next_obs, views.next_obs_np if self._np_obs else None
         return done if bool(done.any()) else None
 
     def _record_fast(self, t: int, step: StepArrays) -> Any:
@@ -295,14 +366,14 @@ class Rollout:
             trunc_dst.copy_(trunc)
             torch.logical_or(term, trunc, out=done)
         # The next step's observation is this step's next observation: a view, no copy.
-        self.obs = views.next_obs
+        self.obs, self._obs_np = views.next_obs, views.next_obs_np if self._np_obs else None
         done_np = views.flags_np[3]
-        if not done_np.any():
+        if done_np.tobytes() == self._no_done:
             return None
         return done_np if self.env._numpy_masks else done
 
     def output_layout(self) -> list[tuple[Any, tuple[int, ...], torch.dtype]]:
-        """Keys, shapes and dtypes of the batches `finish` produces (buffers must exist)."""
+        """Keys, shapes and dtypes of the batches `collect` produces (buffers must exist, see `prepare`)."""
         assert self.buf is not None
         shape = (*self.B, self.T)
         layout = [(k, (*shape, *v.shape[1 + self.nb :]), v.dtype) for k, v in self.buf.items()]
@@ -310,22 +381,18 @@ class Rollout:
         layout += [(("collector", "policy_version"), shape, torch.int64), (("collector", "worker_id"), shape, torch.int64)]
         return layout
 
-    def finish(self, out: dict[Any, torch.Tensor] | None = None, steps: int | None = None) -> TensorDict:
-        """Copy the batch out of the time-major storage, into ``out`` if given (e.g. a shared slot).
+    def _write_out(self, out: dict[Any, torch.Tensor], steps: int) -> None:
+        """Copy the batch out of the time-major storage into ``out`` (e.g. a shared slot).
 
         ``steps < T`` (a preempted batch) zeroes the missing steps and marks them with
         trajectory id and policy version ``-1``, as TorchRL does.
         """
         buf = self.buf
         assert buf is not None
-        dev = self.storing_device
-        if out is None:
-            out = {k: torch.empty(shape, dtype=dtype, device=dev) for k, shape, dtype in self.output_layout()}
         for k, v in buf.items():
             out[k].copy_(v.movedim(0, self.nb))
         for k in ("done", "terminated", "truncated"):
             out[k].zero_()
-        steps = self.T if steps is None else steps
         versions = self.versions + [-1] * (self.T - len(self.versions))
         out[("collector", "policy_version")].copy_(torch.tensor(versions, dtype=torch.int64))
         out[("collector", "worker_id")].fill_(self.worker_id)
@@ -335,9 +402,16 @@ class Rollout:
             for k in (("collector", "traj_ids"), ("collector", "policy_version")):
                 if k in out:
                     out[k].narrow(self.nb, steps, self.T - steps).fill_(-1)
-        td = TensorDict(out, batch_size=(*self.B, self.T), device=dev)
-        td.refine_names(*([None] * self.nb), "time")
-        return td
+
+    def _wrap(self, out: dict[Any, torch.Tensor] | None, steps: int) -> TensorDict:
+        """`_write_out` into ``out`` (allocated if ``None``) and wrap it as a ``[*B, T]`` TensorDict."""
+        from tensordict import TensorDict
+
+        dev = self.storing_device
+        if out is None:
+            out = {k: torch.empty(shape, dtype=dtype, device=dev) for k, shape, dtype in self.output_layout()}
+        self._write_out(out, steps)
+        return TensorDict(out, batch_size=(*self.B, self.T), device=dev, names=[*([None] * self.nb), "time"])
 
     # -- the two loops ---------------------------------------------------------------------
     def prepare(self) -> None:
@@ -348,32 +422,58 @@ class Rollout:
             self.apply_reset(env._reset_arrays(None, self.seeds), None)
         self.begin(self.policy.is_random)
 
-    def collect(
-        self, random: bool, out: dict[Any, torch.Tensor] | None = None, preempt: Callable[[], bool] | None = None
-    ) -> TensorDict:
-        """Collect one batch (blocking; runs in a worker thread or process).
-
-        ``preempt`` is polled before every step; once it returns True the batch ends early
-        (see `finish`).
-        """
+    def _run(self, random: bool, preempt: Callable[[], bool] | None) -> int:
+        """Step the sync env through one batch into the storage; returns the steps taken."""
         random = random or self.policy.is_random
         env = self.env
         assert isinstance(env, BatchedEnv)
-        if self.pending_reset():
-            self.apply_reset(env._reset_arrays(None, self.seeds), None)
-        self.begin(random)
-        steps = self.T
-        for t in range(self.T):
-            if preempt is not None and preempt():
-                steps = t
-                break
-            action = self.act(t, random)
-            fast = not self.max_steps and not (self.set_truncated and t == self.T - 1)
-            done = self.record(t, env._step_arrays(action, self._step_views if fast else None))
-            self.steps_done += 1
-            if done is not None:
-                self.apply_reset(env._reset_arrays(done, None), done)
-        return self.finish(out, steps)
+        # One no_grad for the whole batch (as TorchRL's rollout), not one per policy call.
+        with torch.no_grad():
+            if self.pending_reset():
+                self.apply_reset(env._reset_arrays(None, self.seeds), None)
+            self.begin(random)
+            T, plain = self.T, not self.max_steps
+            last = T - 1 if self.set_truncated else T
+            for t in range(T):
+                if preempt is not None and preempt():
+                    return t
+                action = self.act(t, random)
+                if plain and t != last:
+                    # The adapter may write the step straight into the storage (``out``).
+                    done = self._record_fast(t, env._step_arrays(action, self._step_views))
+                else:
+                    done = self.record(t, env._step_arrays(action, None))
+                self.steps_done += 1
+                if done is not None:
+                    self.apply_reset(env._reset_arrays(done, None), done)
+        return T
+
+    def collect_into(self, random: bool, out: dict[Any, torch.Tensor], preempt: Callable[[], bool] | None = None) -> int:
+        """Collect one batch straight into ``out``, never building a TensorDict (blocking).
+
+        Args:
+            random: Take random actions (also when the policy is ``None``).
+            out: One tensor per entry of `output_layout`, keyed alike (e.g. shared-memory
+                slots or replay-buffer rows); each is overwritten.
+            preempt: Polled before every step; once it returns True the batch ends early:
+                the missing steps are zeroed, with trajectory id and policy version ``-1``.
+
+        Returns:
+            The number of time steps collected (``T`` unless preempted).
+        """
+        steps = self._run(random, preempt)
+        self._write_out(out, steps)
+        return steps
+
+    def collect(
+        self, random: bool, out: dict[Any, torch.Tensor] | None = None, preempt: Callable[[], bool] | None = None
+    ) -> TensorDict:
+        """Collect one batch (blocking; runs in a worker thread or process) as a TensorDict.
+
+        Like `collect_into`, but returns the batch as a ``[*B, T]`` TensorDict over ``out``
+        (allocated on ``storing_device`` when ``None``).
+        """
+        return self._wrap(out, self._run(random, preempt))
 
     async def acollect(
         self, random: bool, run_sync: Callable[..., Awaitable[Any]], out: dict[Any, torch.Tensor] | None = None
@@ -391,7 +491,7 @@ class Rollout:
             self.steps_done += 1
             if done is not None:
                 self.apply_reset(await env._reset_arrays(done, None), done)
-        return await run_sync(self.finish, out)
+        return await run_sync(self._wrap, out, self.T)
 
 
 def _expand(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

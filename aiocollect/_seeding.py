@@ -1,13 +1,16 @@
-"""Seed derivation shared by every collector: one ``SeedSequence`` tree, no ``seed + i``."""
+"""What makes seeded runs reproducible: one ``SeedSequence`` tree (no ``seed + i``) and
+trajectory ids that do not depend on timing."""
 
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 import torch
 
 from ._validate import check_int
 
-__all__ = ["SeedPlan", "check_seed"]
+__all__ = ["SeedPlan", "TrajCounter", "check_seed"]
 
 
 def check_seed(seed: object) -> int:
@@ -38,3 +41,31 @@ class SeedPlan:
     def next_seed(self) -> int:
         """A seed for chaining into another collector."""
         return int(self.next_seq.generate_state(1)[0])
+
+
+class TrajCounter:
+    """Hands out trajectory ids ``start, start + stride, ...``.
+
+    Worker ``w`` of ``W`` counts with ``start=w, stride=W``: ids are unique across workers
+    without any shared state, and do not depend on timing (so seeded runs are reproducible).
+    """
+
+    def __init__(self, start: int = 0, stride: int = 1) -> None:
+        self.next, self.stride = start, stride
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> torch.Tensor:
+        """The next ``n`` ids, as an int64 tensor."""
+        return torch.from_numpy(self.take_np(n))
+
+    def take_one(self) -> int:
+        """The next id."""
+        with self._lock:
+            start, self.next = self.next, self.next + self.stride
+        return start
+
+    def take_np(self, n: int) -> np.ndarray:
+        """The next ``n`` ids, as an int64 numpy array."""
+        with self._lock:
+            start, self.next = self.next, self.next + n * self.stride
+        return np.arange(start, start + n * self.stride, self.stride, dtype=np.int64)

@@ -19,14 +19,16 @@ import os
 import shutil
 import tempfile
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-from tensordict import TensorDict, TensorDictBase
 
 from ._shm import Layout, SharedBlock, layout_nbytes
 
 __all__ = ["MemmapStorage", "MemoryStorage", "SharedMemoryStorage", "Storage", "attach_storage", "make_storage"]
+
+if TYPE_CHECKING:  # a worker maps storages (attach_storage) without importing tensordict
+    from tensordict import TensorDict, TensorDictBase
 
 #: A contiguous run of rows: (first row, number of rows).
 Piece = tuple[int, int]
@@ -151,6 +153,8 @@ class Storage:
 
     def gather(self, index: torch.Tensor) -> TensorDict:
         """A new TensorDict ``[len(index)]`` holding copies of the frames at ``index``."""
+        from tensordict import TensorDict
+
         out = {k: torch.index_select(t, 0, index) for k, t in self.tensors.items()}
         return TensorDict(out, batch_size=[index.numel()])
 

@@ -704,3 +704,35 @@ async def test_unsupported_space_raises_through_the_collector() -> None:
 def test_wrap_non_env_raises_type_error(value: Any, type_name: str) -> None:
     with pytest.raises(TypeError, match=rf"gymnasium\.Env.*got {type_name}"):
         wrap_gymnasium(value)
+
+
+class _GradAction(torch.nn.Module):
+    """A Box-action policy whose output needs grad and is float64 (the numpy fast path's fallbacks)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.full((2,), 0.5, dtype=torch.float64))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        with torch.enable_grad():  # the collector runs policies under no_grad; this one insists
+            return obs.double() * self.w
+
+
+@pytest.mark.parametrize("vector", [False, True], ids=["single", "vector"])
+def test_policy_actions_that_need_grad_are_cast_stored_and_sent(vector: bool) -> None:
+    act = spaces.Box(-1.0, 1.0, (2,), np.float32)
+    envs: list[SpaceEnv] = []
+
+    def make() -> Any:
+        envs[:] = [SpaceEnv(_plain_obs(), act, seed=i) for i in range(2 if vector else 1)]
+        return gym.vector.SyncVectorEnv([(lambda e=e: e) for e in envs]) if vector else envs[0]
+
+    with SyncDataCollector(make, _GradAction(), frames_per_batch=8, total_frames=8) as c:
+        batch = next(iter(c))
+    assert batch["action"].dtype == torch.float32 and not batch["action"].requires_grad
+    torch.testing.assert_close(batch["action"], (batch["observation"].double() * 0.5).float())
+    for r, env in enumerate(envs):
+        frames = batch[r] if vector else batch
+        sent = np.stack([np.asarray(a) for _, a, _ in env.transitions])
+        assert sent.dtype == np.float32
+        np.testing.assert_array_equal(sent, frames["action"].numpy())

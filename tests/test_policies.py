@@ -96,3 +96,43 @@ def test_init_random_frames_skips_the_policy_for_whole_batches() -> None:
     # 10 random frames round up to two whole batches of 8; only the third uses the policy.
     assert len(calls) == 4 + 1  # 4 steps + the dry run that checks the output once
     assert (batches[2]["action"] == 1).all()
+
+
+def test_outputs_numpy_cannot_hold_are_stored_by_torch() -> None:
+    # bfloat16 has no numpy dtype: the rollout's numpy fast path must fall back for it.
+    def policy(td: TensorDict) -> TensorDict:
+        td["action"] = (td["observation"][..., 2] > 1).long()
+        td["half"] = td["observation"].to(torch.bfloat16)
+        return td
+
+    batch = collect(policy)
+    assert batch["half"].dtype == torch.bfloat16
+    assert torch.equal(batch["half"], batch["observation"].to(torch.bfloat16))
+
+
+def test_bfloat16_observations_are_recorded() -> None:
+    from aiocollect import ArraySpec, EnvSpec
+
+    class HalfEnv(CountingEnv):
+        def __init__(self) -> None:
+            super().__init__(2, episode_length=3)
+            self.spec = EnvSpec(self.spec.batch_size, observation={"observation": ArraySpec((3,), torch.bfloat16)},
+                                action=self.spec.action)  # fmt: skip
+
+        def reset(self, mask=None, seeds=None):  # type: ignore[no-untyped-def]
+            td = super().reset(mask, seeds)
+            return td.set("observation", td["observation"].to(torch.bfloat16))
+
+        def step(self, action):  # type: ignore[no-untyped-def]
+            td = super().step(action)
+            return td.set("observation", td["observation"].to(torch.bfloat16))
+
+    with SyncDataCollector(HalfEnv, None, frames_per_batch=8, total_frames=16) as c:
+        batches = list(c)
+    for b in batches:
+        obs, nxt = b["observation"].float(), b["next", "observation"].float()
+        assert b["observation"].dtype == torch.bfloat16
+        # [i, episode, step]: every frame is one real step; after a done the row restarts at 0.
+        assert torch.equal(nxt[..., 2], obs[..., 2] + 1)
+        done = b["next", "done"].squeeze(-1)[:, :-1]
+        assert torch.equal(obs[:, 1:, 2][done], torch.zeros(int(done.sum())))
