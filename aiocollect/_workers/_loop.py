@@ -81,7 +81,8 @@ class _Worker:
 
         from .._config import make_env
         from .._policy import PolicyAdapter
-        from .._rollout import Rollout, TrajCounter
+        from .._rollout import Rollout
+        from .._seeding import TrajCounter
 
         spec, c = self.spec, self.spec.collector
         self.channel.setup(spec)
@@ -165,9 +166,9 @@ class _Worker:
             start, n = pieces[0]
             shape = slot[("collector", "worker_id")].shape
             out = {k: t[start : start + n].view(*shape, *t.shape[1:]) for k, t in self.storage.items()}
-            rollout.collect(cmd.random, out=out, preempt=preempt)
+            rollout.collect_into(cmd.random, out, preempt=preempt)
             return
-        rollout.collect(cmd.random, out=slot, preempt=preempt)
+        rollout.collect_into(cmd.random, slot, preempt=preempt)
         if pieces is not None and self.storage is not None:
             # The rows wrap around the end of the ring: copy in two runs.
             offset = 0
