@@ -199,41 +199,22 @@ class Collector(CollectorLifecycle):
     def _policy_version(self) -> int:
         return self._policy.version
 
-    def _post(self, batch: TensorDictBase) -> TensorDictBase:
-        if self._cfg.split_trajs:
-            from ._split import split_trajectories
-
-            batch = split_trajectories(batch, prefix="collector")
-        if self._cfg.postproc is not None:
-            batch = self._cfg.postproc(batch)
-        return batch
-
     async def _collect_one(self) -> TensorDictBase | None:
         await self._ensure_started()
         rollout = self._rollout
         assert rollout is not None
-        rb, cfg = self._batch_rb, self._cfg
-        done = self._rb.write_count if self._rb is not None else self._frames
-        random = self._policy.is_random or done < cfg.init_random_frames
+        random = self._policy.is_random or self._init_random()
         start = time.perf_counter()
-        direct = rb is not None and rollout.buf is not None and not (cfg.split_trajs or cfg.postproc)
-        if direct:
+        post = self._needs_post()
+        if self._batch_rb is not None and rollout.buf is not None and not post:
             return await self._collect_into_buffer(rollout, random, start)
         if isinstance(rollout.env, AsyncBatchedEnv):
             batch = await rollout.acollect(random, self._lane.run)
         else:
             batch = await self._lane.run(rollout.collect, random)
-        if rb is None:
-            self._count(batch.numel(), time.perf_counter() - start)
-        if cfg.split_trajs or cfg.postproc is not None:
-            batch = await self._lane.run(self._post, batch)
-        if rb is None:
-            return batch
         # The first batch (which fixes the storage layout) and post-processed batches are
-        # copied in; later batches are written straight into the buffer's rows.
-        await rb.extend(batch)
-        self._count(batch.numel(), time.perf_counter() - start)
-        return None
+        # copied into a replay buffer; later batches are written straight into its rows.
+        return await self._deliver(batch, batch.numel(), start, post=post, run=self._lane.run)
 
     async def _collect_into_buffer(self, rollout: Rollout, random: bool, start: float) -> None:
         rb = self._batch_rb
@@ -280,9 +261,7 @@ class Collector(CollectorLifecycle):
             policy_or_weights: Weights to load, or ``None``.
             weights: Same as ``policy_or_weights`` (TorchRL's keyword).
         """
-        if policy_or_weights is not None and weights is not None:
-            raise ValueError("pass weights either positionally or as weights=, not both")
-        w = weights if weights is not None else policy_or_weights
+        w = self._weights_argument(policy_or_weights, weights)
         await to_thread(self._policy.update_weights, w)
         if self._rb is not None:
             self._rb.policy_version = self._policy.version
@@ -320,26 +299,17 @@ class Collector(CollectorLifecycle):
         if self._traj is not None:
             self._traj.reset()
 
-    def state_dict(self) -> dict[str, Any]:
-        """Return the collector's resumable state: counters, RNG state and policy weights."""
+    def _state_module(self) -> torch.nn.Module | None:
         pol = self._policy.policy
-        return {
-            "policy_state_dict": pol.state_dict() if isinstance(pol, torch.nn.Module) else None,
-            "frames": self._frames,
-            "batches": self._batches,
-            "traj_pool": self._counter.next,
-            "policy_version": self._policy.version,
-            "generator_state": self._generator.get_state(),
-        }
+        return pol if isinstance(pol, torch.nn.Module) else None
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore a `state_dict`; envs restart from a reset with fresh trajectory ids."""
-        pol = self._policy.policy
-        if state_dict.get("policy_state_dict") is not None and isinstance(pol, torch.nn.Module):
-            pol.load_state_dict(state_dict["policy_state_dict"])
-        self._frames = int(state_dict["frames"])
-        self._batches = int(state_dict["batches"])
+    def _set_policy_version(self, version: int) -> None:
+        self._policy.version = version
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {"traj_pool": self._counter.next, "generator_state": self._generator.get_state()}
+
+    def _load_extra_state(self, state_dict: dict[str, Any]) -> None:
         self._counter.next = max(self._counter.next, int(state_dict["traj_pool"]))
-        self._policy.version = int(state_dict["policy_version"])
         self._generator.set_state(state_dict["generator_state"])
-        self.reset()
+        self.reset()  # envs restart from a reset, with fresh trajectory ids

@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase
-from tensordict.nn import InteractionType
 
 from ._multi_base import MultiCollectorBase
 from ._multi_config import collector_options, multi_signature, resolve_multi_config

@@ -249,10 +249,6 @@ class MultiCollectorBase(CollectorLifecycle):
         return tuple(w for w, seconds, _ in self._silent() if seconds >= limit)
 
     # -- collection --------------------------------------------------------------------------
-    def _random(self) -> bool:
-        done = self._rb.write_count if self._rb is not None else self._frames
-        return done < self._cfg.init_random_frames
-
     def _in_flight(self) -> int:
         return sum(len(o) for o in self._outstanding)
 
@@ -265,7 +261,7 @@ class MultiCollectorBase(CollectorLifecycle):
         self._seq += 1
         self._mark_busy(w)
         pieces = None if reservation is None else tuple(reservation.pieces)
-        self._transport.send(w, Collect(slot, self._random(), self._seq, pieces))  # type: ignore[union-attr]
+        self._transport.send(w, Collect(slot, self._init_random(), self._seq, pieces))  # type: ignore[union-attr]
 
     async def _dispatch(self, w: int, slot: int) -> None:
         """Ask worker ``w`` for a batch in ``slot`` (waiting for buffer room if needed)."""

@@ -10,6 +10,7 @@ and how its version is kept, and adds what only it has (RNG state, trajectory id
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -69,10 +70,18 @@ class BatchPipeline:
             batch = cfg.postproc(batch)
         return batch
 
-    async def _deliver(self, batch: TensorDictBase, frames: int, start: float, *, post: bool) -> TensorDictBase | None:
-        """Post-process (if ``post``), write to the buffer or return it, and count ``frames``."""
+    def _init_random(self) -> bool:
+        """Whether this batch still uses random actions (``init_random_frames``)."""
+        rb = getattr(self, "_rb", None)
+        done = rb.write_count if rb is not None else self._frames
+        return bool(done < self._cfg.init_random_frames)
+
+    async def _deliver(
+        self, batch: TensorDictBase, frames: int, start: float, *, post: bool, run: Callable[..., Any] = to_thread
+    ) -> TensorDictBase | None:
+        """Post-process (if ``post``, with ``run``), write to the buffer or return it, and count ``frames``."""
         if post:
-            batch = await to_thread(self._post, batch)
+            batch = await run(self._post, batch)
         if self._batch_rb is not None:
             await self._batch_rb.extend(batch)  # batches the workers could not write themselves
             self._count(frames, time.perf_counter() - start)
