@@ -13,12 +13,14 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from . import _buffer, _collector, _multi
-from ._blocking_base import DataCollectorBase
-from ._blocking_base import twin_init as _twin_init
-from ._errors import WouldBlock as _WouldBlock
-from ._portal import Portal as _Portal
-from ._stats import BufferStats as _BufferStats
+from ._buffer import _buffer
+from ._collect import _collector
+from ._collect._blocking_base import DataCollectorBase
+from ._collect._blocking_base import twin_init as _twin_init
+from ._core._errors import WouldBlock as _WouldBlock
+from ._core._portal import Portal as _Portal
+from ._core._stats import BufferStats as _BufferStats
+from ._multi import _collectors as _multi
 
 __all__ = (
     "AsyncCollector",

@@ -15,8 +15,8 @@ import torch
 from gymnasium import spaces
 from tensordict import TensorDict, TensorDictBase
 
-from ._envs import BatchedEnv
-from ._specs import ArraySpec, EnvSpec
+from ._envs._base import BatchedEnv
+from ._envs._specs import ArraySpec, EnvSpec
 
 __all__ = ("CountingEnv", "FailingEnv", "HangingEnv", "ScriptedPolicy", "SleepyAsyncEnv")
 

@@ -28,7 +28,7 @@ from aiocollect import (
     SyncDataCollector,
     wrap_gymnasium,
 )
-from aiocollect._errors import WorkerCrashedError, WorkerError
+from aiocollect._core._errors import WorkerCrashedError, WorkerError
 from aiocollect.testing import CountingEnv, SleepyAsyncEnv
 
 AR = gym.vector.AutoresetMode

@@ -1,4 +1,4 @@
-"""Tests of the replay-buffer index samplers (`aiocollect._samplers`, `_prioritized`, `_slices`)."""
+"""Tests of the replay-buffer index samplers (`aiocollect._buffer._samplers`, `_prioritized`, `_slices`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from aiocollect._prioritized import PrioritizedSampler
-from aiocollect._samplers import (
+from aiocollect._buffer._prioritized import PrioritizedSampler
+from aiocollect._buffer._samplers import (
     BufferEmptyError,
     RandomSampler,
     SampleContext,
@@ -18,7 +18,7 @@ from aiocollect._samplers import (
     SamplerWithoutReplacement,
     make_sampler,
 )
-from aiocollect._slices import SliceSampler
+from aiocollect._buffer._slices import SliceSampler
 
 SLICE_IDS = ("collector", "slice_ids")
 EMPTY = r"^sample\(\) called on an empty buffer; await buffer\.wait_for\(n\) first$"

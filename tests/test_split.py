@@ -1,4 +1,4 @@
-"""Tests for `aiocollect._split.split_trajectories`.
+"""Tests for `aiocollect._collect._split.split_trajectories`.
 
 The comparison tests check every key, shape, dtype, value, dim name and the mask against
 TorchRL's own ``split_trajectories``; they are skipped when torchrl is not installed. The other
@@ -14,7 +14,7 @@ import pytest
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from aiocollect._split import split_trajectories
+from aiocollect._collect._split import split_trajectories
 
 # Importing torchrl.collectors warns about its own legacy weight updaters (see pyproject.toml).
 _TORCHRL_IMPORT_WARNING = "Creating \\w+ which inherits from WeightUpdaterBase is deprecated"

@@ -25,17 +25,17 @@ import aiocollect
 ROOT = Path(aiocollect.__file__).resolve().parents[1]  # the checkout under test
 
 WORKER_MODULES = [
-    "aiocollect._config",
-    "aiocollect._policy",
-    "aiocollect._rollout",
-    "aiocollect._seeding",
-    "aiocollect._shm",
-    "aiocollect._storage",
-    "aiocollect._gym",
-    "aiocollect._gym_spaces",
-    "aiocollect._envs",
-    "aiocollect._specs",
-    "aiocollect._errors",
+    "aiocollect._rollout._config",
+    "aiocollect._rollout._policy",
+    "aiocollect._rollout._rollout",
+    "aiocollect._core._seeding",
+    "aiocollect._core._shm",
+    "aiocollect._buffer._storage",
+    "aiocollect._envs._gym",
+    "aiocollect._envs._gym_spaces",
+    "aiocollect._envs._base",
+    "aiocollect._envs._specs",
+    "aiocollect._core._errors",
 ]
 
 # Builds and runs a rollout the way a worker does; ``POLICY`` and ``CONFIG`` are filled in.
@@ -43,12 +43,12 @@ CHILD = """
 import math, os, pickle, sys, threading
 import torch
 {imports}
-from aiocollect._config import make_env, validate_config
-from aiocollect._policy import PolicyAdapter
-from aiocollect._rollout import Rollout, TrajCounter
-from aiocollect._seeding import SeedPlan
-from aiocollect._shm import SharedBlock, layout_nbytes
-from aiocollect._storage import attach_storage
+from aiocollect._rollout._config import make_env, validate_config
+from aiocollect._rollout._policy import PolicyAdapter
+from aiocollect._rollout._rollout import Rollout, TrajCounter
+from aiocollect._core._seeding import SeedPlan
+from aiocollect._core._shm import SharedBlock, layout_nbytes
+from aiocollect._buffer._storage import attach_storage
 import numpy as np
 
 
@@ -152,7 +152,7 @@ def test_pickled_config_unpickles_without_tensordict() -> None:
     # child only unpickles, as a worker does.
     from tensordict.nn import InteractionType
 
-    from aiocollect._config import validate_config
+    from aiocollect._rollout._config import validate_config
 
     cfg = validate_config(
         create_env_fn="CartPole-v1", policy=None, frames_per_batch=64, total_frames=-1,
@@ -174,7 +174,7 @@ def test_pickled_config_unpickles_without_tensordict() -> None:
 def test_exploration_type_is_stored_as_plain_str(value: str, expected: str) -> None:
     from tensordict.nn import InteractionType
 
-    from aiocollect._config import _exploration_type
+    from aiocollect._rollout._config import _exploration_type
 
     got = _exploration_type(value)
     assert type(got) is str and got == expected
@@ -185,9 +185,9 @@ def test_exploration_type_is_stored_as_plain_str(value: str, expected: str) -> N
 def test_tensordict_module_policy_still_runs_in_process() -> None:
     from tensordict.nn import InteractionType, TensorDictModule, TensorDictSequential
 
-    from aiocollect._config import make_env, validate_config
-    from aiocollect._policy import PolicyAdapter
-    from aiocollect._rollout import Rollout, TrajCounter
+    from aiocollect._rollout._config import make_env, validate_config
+    from aiocollect._rollout._policy import PolicyAdapter
+    from aiocollect._rollout._rollout import Rollout, TrajCounter
 
     cfg = validate_config(
         create_env_fn="CartPole-v1", policy=None, frames_per_batch=16, total_frames=-1,
@@ -230,8 +230,8 @@ def test_tensordict_module_policy_still_runs_in_process() -> None:
 
 
 def test_collect_into_a_preempted_batch_marks_the_missing_steps() -> None:
-    from aiocollect._policy import PolicyAdapter
-    from aiocollect._rollout import Rollout, TrajCounter
+    from aiocollect._rollout._policy import PolicyAdapter
+    from aiocollect._rollout._rollout import Rollout, TrajCounter
     from aiocollect.testing import CountingEnv
 
     env = CountingEnv(2, episode_length=4)

@@ -25,7 +25,7 @@ import anyio
 import anyio.to_thread
 import numpy as np
 
-from .._errors import WorkerCrashedError, worker_error_from_message
+from .._core._errors import WorkerCrashedError, worker_error_from_message
 from ._loop import run_worker
 from ._messages import Close, Command, Event, Exited, Failed, Ready
 from ._transport import (

@@ -79,10 +79,10 @@ class _Worker:
         """Build everything and get the output slots; False if closed during start-up."""
         import torch
 
-        from .._config import make_env
-        from .._policy import PolicyAdapter
-        from .._rollout import Rollout
-        from .._seeding import TrajCounter
+        from .._core._seeding import TrajCounter
+        from .._rollout._config import make_env
+        from .._rollout._policy import PolicyAdapter
+        from .._rollout._rollout import Rollout
 
         spec, c = self.spec, self.spec.collector
         self.channel.setup(spec)
@@ -118,7 +118,7 @@ class _Worker:
         return True
 
     def _seed(self, seeds: Any) -> None:
-        from .._seeding import SeedPlan
+        from .._core._seeding import SeedPlan
 
         plan = SeedPlan(seeds)
         plan.apply_rngs(self.rollout.generator)

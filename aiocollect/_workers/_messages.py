@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     import numpy as np
 
-    from .._config import CollectorConfig
+    from .._rollout._config import CollectorConfig
 
 __all__ = [
     "ApplyWeights",

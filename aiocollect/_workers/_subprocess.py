@@ -5,7 +5,7 @@ carrying the records of ``_messages``, and waits for it by file-descriptor readi
 event loop, never by polling and never in a blocking ``recv`` on the loop thread. A worker
 that dies closes its end of the socket, so death wakes the same wait; the exit code then
 comes from the process sentinel. Output slots, control words and weights are memfd blocks
-(``_shm``) whose descriptors cross at spawn time (``DupFd``) or over the socket
+(``_core._shm``) whose descriptors cross at spawn time (``DupFd``) or over the socket
 (``SCM_RIGHTS``): nothing is named in ``/dev/shm``, and the kernel frees the memory when the
 last process holding it is gone, even after SIGKILL.
 
@@ -29,7 +29,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from .._errors import WorkerCrashedError, worker_error_from_message
+from .._core._errors import WorkerCrashedError, worker_error_from_message
 from ._messages import AttachStorage, Close, Command, Event, Exited, Failed, Ready
 from ._subprocess_main import CONTROL_BYTES, FdArg, SlotsGiven, SlotsWanted, subprocess_main
 from ._transport import BUSY, CONTROL_WORDS, PREEMPT, PROGRESS, STOP, Tensors, Transport
@@ -42,7 +42,7 @@ START_METHODS = ("forkserver", "spawn")
 # loop loaded. Not tensordict: a worker with a plain nn.Module policy never needs it.
 _FORKSERVER_PRELOAD = [
     "torch", "numpy", "gymnasium", "aiocollect._workers._subprocess_main",
-    "aiocollect._config", "aiocollect._policy", "aiocollect._rollout", "aiocollect._gym",
+    "aiocollect._rollout._config", "aiocollect._rollout._policy", "aiocollect._rollout._rollout", "aiocollect._envs._gym",
 ]  # fmt: skip
 
 _START_LOCK = threading.Lock()
@@ -109,7 +109,7 @@ class SubprocessTransport(Transport):
         self._early: deque[tuple[int, Event]] = deque()
         self._weights: Any = None
         if weights_layout is not None:
-            from .._weights import WeightBlock
+            from ._weights import WeightBlock
 
             self._weights = WeightBlock(weights_layout)  # filled by the first publish_weights
 
@@ -164,7 +164,7 @@ class SubprocessTransport(Transport):
     def _give_slots(self, p: _Proc, msg: SlotsWanted) -> None:
         import torch
 
-        from .._shm import SharedBlock, layout_nbytes
+        from .._core._shm import SharedBlock, layout_nbytes
 
         size = layout_nbytes(msg.layout)
         block = SharedBlock(msg.count * size + CONTROL_BYTES)

@@ -78,7 +78,7 @@ class SubprocessChannel(WorkerChannel):
 
         import torch
 
-        from .._shm import SharedBlock
+        from .._core._shm import SharedBlock
 
         self._conn.send(SlotsWanted(layout, count))
         msg = self._conn.recv()
@@ -96,7 +96,7 @@ class SubprocessChannel(WorkerChannel):
 
     def weights(self) -> dict[Any, Any]:
         if self._weights is None:
-            from .._shm import SharedBlock
+            from .._core._shm import SharedBlock
 
             if self._weights_fd is None:  # pragma: no cover - the engine only syncs nn.Module policies
                 raise RuntimeError("this worker was started without a weight block")
@@ -109,7 +109,7 @@ class SubprocessChannel(WorkerChannel):
     def storage(self, handle: Any) -> dict[Any, Any]:
         from multiprocessing.reduction import recv_handle
 
-        from .._storage import attach_storage
+        from .._buffer._storage import attach_storage
 
         info, has_fd, _ = handle  # the parent's fd number means nothing here; ours follows
         return attach_storage(info, recv_handle(self._conn) if has_fd else None)

@@ -1,6 +1,6 @@
 """The seam between the collector engine and its workers: `Transport` and `WorkerChannel`.
 
-The engine (``_multi_base``) drives workers only through a `Transport`; the worker loop
+The engine (``_multi._engine``) drives workers only through a `Transport`; the worker loop
 (``_loop``) talks to the engine only through a `WorkerChannel`. Everything that depends on
 where a worker runs lives behind these two classes: how it is started and stopped, where
 its output slots are, how weights reach it, how it is told to cut a batch short, and how

@@ -135,7 +135,7 @@ async def test_the_same_bug_in_every_worker_raises_one_worker_error(factory: Any
 
 def test_first_failure_orders_by_worker_and_attaches_the_rest() -> None:
     from aiocollect import WorkerCrashedError
-    from aiocollect._errors import first_failure
+    from aiocollect._core._errors import first_failure
 
     crash, raised = WorkerCrashedError(2, 20, -9), WorkerError(1, 10, 5, "ValueError: boom")
     err = first_failure([crash, raised])

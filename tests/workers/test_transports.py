@@ -10,12 +10,12 @@ from typing import Any
 import anyio
 import pytest
 
-from aiocollect import MultiAsyncCollector, MultiSyncCollector, WorkerTimeoutError
-from aiocollect.testing import CountingEnv
-
 # Its own module (imports torch only): workers unpickle the policy class from it, and a
 # class from this test module would make them import this module's imports too.
 from _plain_policy import ArgmaxPolicy  # noqa: E402, I001
+
+from aiocollect import MultiAsyncCollector, MultiSyncCollector, WorkerTimeoutError
+from aiocollect.testing import CountingEnv
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 

@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from ._envs import BatchedEnv, StepArrays, StepOut, output_shape_error
+from ._base import BatchedEnv, StepArrays, StepOut, output_shape_error
 from ._gym_spaces import Source, flatten_space, obs_shape_error, to_gym_action, write_obs, write_row
 from ._specs import EnvSpec, NestedKey
 

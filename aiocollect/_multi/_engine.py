@@ -18,19 +18,24 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from ._errors import CollectorClosedError, WorkerCrashedError, WorkerTimeoutError, first_failure
-from ._lifecycle import CollectorLifecycle
+from .._buffer._storage import SharedMemoryStorage
+from .._collect._lifecycle import CollectorLifecycle
+from .._core._errors import (
+    CollectorClosedError,
+    WorkerCrashedError,
+    WorkerTimeoutError,
+    first_failure,
+)
+from .._core._seeding import check_seed
+from .._core._threads import to_thread
+from .._workers import get_transport
+from .._workers._loop import SLOTS
+from .._workers._messages import ApplyWeights, Collect, Reset, Seed, WorkerSpec
+from .._workers._transport import Transport
+from .._workers._weights import state_of, weights_layout
+from ._config import MultiConfig
 from ._liveness import STALL_REPORT, Liveness, process_state
-from ._multi_config import MultiConfig
 from ._pump import Pump
-from ._seeding import check_seed
-from ._storage import SharedMemoryStorage
-from ._threads import to_thread
-from ._weights import state_of, weights_layout
-from ._workers import get_transport
-from ._workers._loop import SLOTS
-from ._workers._messages import ApplyWeights, Collect, Reset, Seed, WorkerSpec
-from ._workers._transport import Transport
 
 __all__ = ["SLOTS", "MultiCollectorBase"]
 

@@ -12,14 +12,14 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
-from ._config import make_env, validate_config
-from ._envs import AsyncBatchedEnv
-from ._errors import warn_user
+from .._core._errors import warn_user
+from .._core._seeding import SeedPlan, check_seed
+from .._core._threads import ThreadLane, to_thread
+from .._envs._base import AsyncBatchedEnv
+from .._rollout._config import make_env, validate_config
+from .._rollout._policy import PolicyAdapter
+from .._rollout._rollout import Rollout, TrajCounter
 from ._lifecycle import CollectorLifecycle
-from ._policy import PolicyAdapter
-from ._rollout import Rollout, TrajCounter
-from ._seeding import SeedPlan, check_seed
-from ._threads import ThreadLane, to_thread
 
 __all__ = ["Collector"]
 

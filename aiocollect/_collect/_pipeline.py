@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from ._threads import to_thread
+from .._core._threads import to_thread
 
 __all__ = ["BatchPipeline"]
 

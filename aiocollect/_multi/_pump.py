@@ -15,9 +15,9 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
-from ._errors import first_failure
-from ._workers._messages import BatchReady, Event, Exited, Failed, WeightsApplied
-from ._workers._transport import Transport
+from .._core._errors import first_failure
+from .._workers._messages import BatchReady, Event, Exited, Failed, WeightsApplied
+from .._workers._transport import Transport
 
 __all__ = ["Pump"]
 
@@ -53,7 +53,7 @@ class Pump:
         elif isinstance(event, WeightsApplied):
             self.acked[w] = max(self.acked[w], event.version)
         elif isinstance(event, Failed):
-            from ._errors import worker_error_from_message
+            from .._core._errors import worker_error_from_message
 
             self.alive[w] = False
             self.failures.append(worker_error_from_message(w, self.transport.pid(w), event))

@@ -12,8 +12,8 @@ from typing import Any, ClassVar
 
 from tensordict import TensorDictBase
 
-from ._portal import Portal
-from ._stats import CollectorStats
+from .._core._portal import Portal
+from .._core._stats import CollectorStats
 
 __all__ = ["DataCollectorBase"]
 

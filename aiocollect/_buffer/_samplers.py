@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ._errors import BufferEmptyError
+from .._core._errors import BufferEmptyError
 
 __all__ = (
     "RandomSampler",

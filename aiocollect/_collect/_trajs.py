@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from ._validate import check_int
+from .._core._validate import check_int
 
 __all__ = ["TrajectoryAssembler", "check_traj_args"]
 

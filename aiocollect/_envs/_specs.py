@@ -102,7 +102,7 @@ class ArraySpec:
 
     def check(self, name: NestedKey, value: torch.Tensor, batch_shape: tuple[int, ...]) -> None:
         """Raise ``PolicyOutputError`` if ``value`` does not have this spec's shape and dtype."""
-        from ._errors import PolicyOutputError
+        from .._core._errors import PolicyOutputError
 
         want = (*batch_shape, *self.shape)
         if not isinstance(value, torch.Tensor):

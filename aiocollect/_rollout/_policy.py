@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ._specs import EnvSpec, NestedKey
+from .._envs._specs import EnvSpec, NestedKey
 
 __all__ = ["PolicyAdapter"]
 
@@ -170,7 +170,7 @@ class PolicyAdapter:
 
     def check(self, out: Outputs) -> None:
         """Validate the first output against the action spec (raises ``PolicyOutputError``)."""
-        from ._errors import PolicyOutputError
+        from .._core._errors import PolicyOutputError
 
         for key, spec in self.spec.action.items():
             if key not in out:

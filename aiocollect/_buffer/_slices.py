@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from ._errors import BufferEmptyError
+from .._core._errors import BufferEmptyError
 from ._samplers import _BOOL, _EMPTY, _INT, _ROUNDS, SampleContext, Sampler, _Batch, _check
 
 __all__ = ("SliceSampler",)

@@ -1,6 +1,6 @@
 """Multi-process collectors: MultiSyncCollector, MultiAsyncCollector and AsyncCollector.
 
-The machinery (workers, shared slots, weights, supervision) is in ``_multi_base``; this
+The machinery (workers, shared slots, weights, supervision) is in ``_multi._engine``; this
 module holds the constructor they share and the two delivery policies: every worker's batch
 together, in worker order (sync), or whichever worker finishes first (async).
 """
@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase
 
-from ._multi_base import MultiCollectorBase
-from ._multi_config import collector_options, multi_signature, resolve_multi_config
-from ._threads import to_thread
+from .._core._threads import to_thread
+from ._config import collector_options, multi_signature, resolve_multi_config
+from ._engine import MultiCollectorBase
 
 __all__ = ["AsyncCollector", "MultiAsyncCollector", "MultiSyncCollector"]
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._errors import EnvOutputError
+from .._core._errors import EnvOutputError
 from ._specs import EnvSpec, NestedKey
 
 if TYPE_CHECKING:  # tensordict is imported where the TensorDict protocol is used, not by workers

@@ -17,10 +17,10 @@ import anyio
 from anyio.abc import TaskGroup
 from tensordict import TensorDictBase
 
+from .._core._errors import CollectorClosedError
+from .._core._stats import CollectorStats
 from ._background import BackgroundMixin
-from ._errors import CollectorClosedError
 from ._pipeline import BatchPipeline
-from ._stats import CollectorStats
 from ._trajs import TrajectoryAssembler, check_traj_args
 
 __all__ = ["CollectorLifecycle"]

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from ._shm import Layout, SharedBlock, layout_nbytes
+from .._core._shm import Layout, SharedBlock, layout_nbytes
 
 __all__ = ["WeightBlock", "state_of", "weights_layout"]
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from ._errors import warn_user
-from ._validate import check_bool, check_int, check_seconds
+from .._core._errors import warn_user
+from .._core._validate import check_bool, check_int, check_seconds
 
 __all__ = ["CollectorConfig", "validate_config"]
 
@@ -79,7 +79,7 @@ def _env_types() -> tuple[type, ...]:
     A gymnasium env cannot exist before gymnasium was imported, so a process whose envs are
     all aiocollect `BatchedEnv`s never imports it.
     """
-    from ._envs import AsyncBatchedEnv, BatchedEnv
+    from .._envs._base import AsyncBatchedEnv, BatchedEnv
 
     if "gymnasium" not in sys.modules:
         return (BatchedEnv, AsyncBatchedEnv)
@@ -211,7 +211,7 @@ def validate_config(
 
 def make_env(cfg: CollectorConfig) -> Any:
     """Build the env described by ``cfg`` and wrap it as a `BatchedEnv`/`AsyncBatchedEnv` (blocking)."""
-    from ._envs import AsyncBatchedEnv, BatchedEnv
+    from .._envs._base import AsyncBatchedEnv, BatchedEnv
 
     fn, kwargs = cfg.create_env_fn, cfg.create_env_kwargs
     if isinstance(fn, str):
@@ -227,7 +227,7 @@ def make_env(cfg: CollectorConfig) -> Any:
     if isinstance(env, (BatchedEnv, AsyncBatchedEnv)):
         return env
     if isinstance(env, _env_types()):  # a gymnasium env (aiocollect's were returned above)
-        from ._gym import wrap_gymnasium
+        from .._envs._gym import wrap_gymnasium
 
         try:
             return wrap_gymnasium(env)

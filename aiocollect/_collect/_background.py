@@ -20,7 +20,7 @@ __all__ = ["BackgroundMixin", "unwrap_buffer"]
 
 def unwrap_buffer(replay_buffer: Any) -> Any:
     """The async `ReplayBuffer` behind ``replay_buffer`` (which may be its blocking twin)."""
-    from ._buffer import ReplayBuffer
+    from .._buffer._buffer import ReplayBuffer
 
     if replay_buffer is None:
         return None

@@ -10,7 +10,7 @@ import anyio
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from ._envs import AsyncBatchedEnv, StepArrays
+from ._base import AsyncBatchedEnv, StepArrays
 from ._gym_spaces import Source, flatten_space, to_gym_action, write_row
 from ._specs import EnvSpec, NestedKey
 

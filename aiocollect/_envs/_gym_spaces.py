@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from ._envs import obs_label, output_shape_error
-from ._errors import EnvOutputError
+from .._core._errors import EnvOutputError
+from ._base import obs_label, output_shape_error
 from ._specs import ArraySpec, NestedKey
 
 __all__ = ["Leaf", "Source", "flatten_space", "obs_shape_error", "to_gym_action", "write_obs", "write_row"]

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._errors import BufferEmptyError
+from .._core._errors import BufferEmptyError
 from ._samplers import _EMPTY, _FLOAT, _INT, _POS, SampleContext, Sampler, _Batch, _check
 
 __all__ = ("PrioritizedSampler",)

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._config import CollectorConfig, validate_config
-from ._validate import check_bool, check_int, check_seconds
+from .._core._validate import check_bool, check_int, check_seconds
+from .._rollout._config import CollectorConfig, validate_config
 
 __all__ = ["MultiConfig", "collector_options", "multi_signature", "resolve_multi_config"]
 
@@ -44,7 +44,7 @@ class MultiConfig:
 
 
 def _collector_parameters() -> dict[str, inspect.Parameter]:
-    from ._collector import Collector
+    from .._collect._collector import Collector
 
     params = dict(inspect.signature(Collector.__init__).parameters)
     return {k: p for k, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
@@ -191,7 +191,7 @@ def resolve_multi_config(
     check_int("restart_workers", restart_workers, minimum=0)
     t = check_seconds("weight_sync_timeout", weight_sync_timeout)
     wt = check_seconds("worker_timeout", worker_timeout, allow_none=True)
-    from ._workers import get_transport
+    from .._workers import get_transport
 
     options = get_transport(backend).check_options({"start_method": start_method})
     return MultiConfig(

@@ -14,16 +14,16 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
+from .._core._errors import BufferClosedError, BufferEmptyError, WouldBlock
+from .._core._notify import Notifier
+from .._core._stats import BufferStats
+from .._core._threads import to_thread
+from .._core._validate import check_int
 from ._buffer_io import BufferPersistence
-from ._errors import BufferClosedError, BufferEmptyError, WouldBlock
-from ._notify import Notifier
 from ._ratelimit import RateLimiter
 from ._reservations import Reservation, ReservationsMixin
 from ._samplers import SampleContext, make_sampler
-from ._stats import BufferStats
 from ._storage import Storage, frame_layout, make_storage
-from ._threads import to_thread
-from ._validate import check_int
 
 __all__ = ["ReplayBuffer", "Reservation"]
 

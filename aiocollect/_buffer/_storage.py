@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from ._shm import Layout, SharedBlock, layout_nbytes
+from .._core._shm import Layout, SharedBlock, layout_nbytes
 
 __all__ = ["MemmapStorage", "MemoryStorage", "SharedMemoryStorage", "Storage", "attach_storage", "make_storage"]
 

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ._envs import AsyncBatchedEnv, BatchedEnv, StepArrays, StepOut
+from .._core._seeding import TrajCounter
+from .._envs._base import AsyncBatchedEnv, BatchedEnv, StepArrays, StepOut
+from .._envs._specs import ArraySpec, NestedKey
 from ._policy import PolicyAdapter
-from ._seeding import TrajCounter
-from ._specs import ArraySpec, NestedKey
 
 if TYPE_CHECKING:
     from tensordict import TensorDict

@@ -1,0 +1,5 @@
+"""The replay buffer: storages, samplers, reservations, the rate limiter, persistence.
+
+Layers, lowest first: _core, _envs, _buffer, _rollout, _workers, _collect, _multi. A module
+imports only from its own layer or lower ones (tests/test_layout.py).
+"""
