@@ -185,7 +185,7 @@ def _internal_prefixes() -> tuple[str, ...]:
     import anyio
 
     dirs = [os.path.dirname(os.path.abspath(m.__file__ or "")) for m in (anyio, asyncio)]
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the aiocollect package
     return (here + os.sep, *(d + os.sep for d in dirs), contextlib.__file__ or "", threading.__file__ or "")
 
 

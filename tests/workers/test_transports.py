@@ -86,3 +86,12 @@ async def test_a_hung_inline_worker_fails_instead_of_restarting() -> None:
                 await c.__anext__()
     finally:
         _RELEASE.set()  # lets the abandoned thread finish, so nothing outlives the test
+
+
+def test_a_transport_that_cannot_load_is_named_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    import aiocollect._workers as registry
+
+    monkeypatch.setattr(registry, "TRANSPORTS", (*registry.TRANSPORTS, "mpi"))
+    with pytest.raises(LookupError, match=r"^worker backend 'mpi' is not available: No module named 'aiocollect\._workers\._mpi'$") as info:
+        MultiSyncCollector(CountingEnv, num_workers=1, frames_per_batch=8, backend="mpi")
+    assert isinstance(info.value.__cause__, ImportError)
