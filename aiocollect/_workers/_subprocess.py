@@ -43,6 +43,7 @@ START_METHODS = ("forkserver", "spawn")
 _FORKSERVER_PRELOAD = [
     "torch", "numpy", "gymnasium", "aiocollect._workers._subprocess_main",
     "aiocollect._rollout._config", "aiocollect._rollout._policy", "aiocollect._rollout._rollout", "aiocollect._envs._gym",
+    "aiocollect._workers._forkserver",  # last: freezes what the others loaded
 ]  # fmt: skip
 
 _START_LOCK = threading.Lock()
