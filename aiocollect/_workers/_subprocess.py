@@ -210,6 +210,7 @@ class SubprocessTransport(Transport):
         p.process = p.conn = p.alive_w = None
         # Dropping the views unmaps the block (each mapping holds a descriptor until then).
         p.slots, p.control = [], None
+        self._early = deque(e for e in self._early if e[0] != w)  # no event outlives stop(w)
 
     def stop_nowait(self) -> None:
         for p in self._procs:
@@ -230,6 +231,7 @@ class SubprocessTransport(Transport):
             # each Connection close its descriptor exactly once.
             p.process = p.conn = p.alive_w = None
             p.slots, p.control = [], None
+        self._early.clear()
         if self._weights is not None:
             self._weights.close()
 

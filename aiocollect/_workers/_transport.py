@@ -7,7 +7,7 @@ its output slots are, how weights reach it, how it is told to cut a batch short,
 the engine learns that it is alive, finished a batch, or died.
 
 A new transport (torch.distributed, Ray, ...) is one module in this package that subclasses
-both and ends with ``transport_class = ...``; see ``docs/design.md``.
+both and ends with ``transport_class = ...``; see ``docs/workers.md``.
 """
 
 from __future__ import annotations

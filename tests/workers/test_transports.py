@@ -95,3 +95,14 @@ def test_a_transport_that_cannot_load_is_named_with_the_reason(monkeypatch: pyte
     with pytest.raises(LookupError, match=r"^worker backend 'mpi' is not available: No module named 'aiocollect\._workers\._mpi'$") as info:
         MultiSyncCollector(CountingEnv, num_workers=1, frames_per_batch=8, backend="mpi")
     assert isinstance(info.value.__cause__, ImportError)
+
+
+def test_every_fork_server_preload_entry_exists() -> None:
+    # The fork server skips a preload entry that fails to import, silently: a renamed module
+    # would only make start-up slow again. (Not imported here: _forkserver freezes the heap.)
+    import importlib.util
+
+    from aiocollect._workers._subprocess import _FORKSERVER_PRELOAD
+
+    assert _FORKSERVER_PRELOAD[-1] == "aiocollect._workers._forkserver"
+    assert [m for m in _FORKSERVER_PRELOAD if importlib.util.find_spec(m) is None] == []
