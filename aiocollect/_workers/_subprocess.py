@@ -242,8 +242,6 @@ class SubprocessTransport(Transport):
             return
         try:
             p.conn.send(command)
-            if isinstance(command, AttachStorage) and command.handle[1]:
-                send_handle(p.conn, command.handle[2], p.process.pid)
         except (OSError, EOFError, ValueError):
             pass  # the worker is gone; receive() reports how it ended
 
@@ -307,8 +305,13 @@ class SubprocessTransport(Transport):
 
     def attach_storage(self, w: int, storage: Any) -> None:
         info, fd = storage.share()
-        # The fd (if any) follows the command over the socket (see send).
-        self.send(w, AttachStorage((info, fd is not None, fd)))
+        self.send(w, AttachStorage((info, fd is not None)))
+        p = self._procs[w]
+        if fd is not None and p.conn is not None:
+            try:  # the descriptor follows the command over the socket (SCM_RIGHTS)
+                send_handle(p.conn, fd, p.process.pid)
+            except (OSError, EOFError, ValueError):
+                pass  # the worker is gone; receive() reports how it ended
 
     # -- control words -----------------------------------------------------------------------
     def preempt(self, w: int, seq: int) -> None:

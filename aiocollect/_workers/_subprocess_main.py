@@ -111,7 +111,7 @@ class SubprocessChannel(WorkerChannel):
 
         from .._buffer._storage import attach_storage
 
-        info, has_fd, _ = handle  # the parent's fd number means nothing here; ours follows
+        info, has_fd = handle  # the descriptor itself follows the command
         return attach_storage(info, recv_handle(self._conn) if has_fd else None)
 
 
