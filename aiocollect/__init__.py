@@ -34,6 +34,8 @@ _LAZY: dict[str, tuple[str, str]] = {
     "AsyncCollector": ("._multi._collectors", "AsyncCollector"),
     "MultiAsyncCollector": ("._multi._collectors", "MultiAsyncCollector"),
     "MultiSyncCollector": ("._multi._collectors", "MultiSyncCollector"),
+    "DistributedCollector": ("._dist._collectors", "DistributedCollector"),
+    "DistributedSyncCollector": ("._dist._collectors", "DistributedSyncCollector"),
     "AsyncEnvPool": ("._envs._pool", "AsyncEnvPool"),
     "PrioritizedSampler": ("._buffer._prioritized", "PrioritizedSampler"),
     "RandomSampler": ("._buffer._samplers", "RandomSampler"),
@@ -53,6 +55,8 @@ _LAZY: dict[str, tuple[str, str]] = {
     "SyncDataCollector": (".blocking", "Collector"),
     "MultiaSyncDataCollector": (".blocking", "MultiAsyncCollector"),
     "MultiSyncDataCollector": (".blocking", "MultiSyncCollector"),
+    "DistributedDataCollector": (".blocking", "DistributedCollector"),
+    "DistributedSyncDataCollector": (".blocking", "DistributedSyncCollector"),
 }
 
 __all__ = (
@@ -69,6 +73,10 @@ __all__ = (
     "CollectorClosedError",
     "CollectorStats",
     "DataCollectorBase",
+    "DistributedCollector",
+    "DistributedDataCollector",
+    "DistributedSyncCollector",
+    "DistributedSyncDataCollector",
     "EnvOutputError",
     "EnvSpec",
     "MemmapStorage",

@@ -20,12 +20,15 @@ from ._collect._blocking_base import twin_init as _twin_init
 from ._core._errors import WouldBlock as _WouldBlock
 from ._core._portal import Portal as _Portal
 from ._core._stats import BufferStats as _BufferStats
+from ._dist import _collectors as _dist
 from ._multi import _collectors as _multi
 
 __all__ = (
     "AsyncCollector",
     "Collector",
     "DataCollectorBase",
+    "DistributedCollector",
+    "DistributedSyncCollector",
     "MultiAsyncCollector",
     "MultiSyncCollector",
     "ReplayBuffer",
@@ -75,6 +78,34 @@ class MultiAsyncCollector(DataCollectorBase):
     """
 
     _async_class = _multi.MultiAsyncCollector
+
+
+class DistributedCollector(DataCollectorBase):
+    """Blocking twin of `aiocollect.DistributedCollector` (also ``DistributedDataCollector``).
+
+    Examples:
+        >>> from aiocollect.blocking import DistributedCollector
+        >>> if __name__ == "__main__":  # nodes re-import the main module
+        ...     with DistributedCollector(["CartPole-v1"] * 2, frames_per_batch=64, total_frames=128,
+        ...                               launcher="mp", sync=True) as c:
+        ...         shapes = [batch.shape for batch in c]
+    """
+
+    _async_class = _dist.DistributedCollector
+
+
+class DistributedSyncCollector(DataCollectorBase):
+    """Blocking twin of `aiocollect.DistributedSyncCollector` (also ``DistributedSyncDataCollector``).
+
+    Examples:
+        >>> from aiocollect.blocking import DistributedSyncCollector
+        >>> if __name__ == "__main__":
+        ...     with DistributedSyncCollector(["CartPole-v1"] * 2, frames_per_batch=64, total_frames=128,
+        ...                                   launcher="mp") as c:
+        ...         shapes = [batch.shape for batch in c]
+    """
+
+    _async_class = _dist.DistributedSyncCollector
 
 
 class AsyncCollector(DataCollectorBase):

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 PKG = pathlib.Path(__file__).resolve().parent.parent / "aiocollect"
-LAYERS = ["_core", "_envs", "_buffer", "_rollout", "_workers", "_collect", "_multi"]
+LAYERS = ["_core", "_envs", "_buffer", "_rollout", "_workers", "_collect", "_multi", "_dist"]
 PUBLIC = len(LAYERS)
 MAX_LINES = 500
 
@@ -63,7 +63,7 @@ MODULES = sorted(PKG.rglob("*.py"))
 
 def test_every_private_module_sits_in_a_layer() -> None:
     loose = [module_name(p) for p in MODULES if layer(module_name(p)) == PUBLIC]
-    assert sorted(loose) == ["aiocollect", "aiocollect.blocking", "aiocollect.testing"]
+    assert sorted(loose) == ["aiocollect", "aiocollect.blocking", "aiocollect.node", "aiocollect.testing"]
 
 
 @pytest.mark.parametrize("path", MODULES, ids=module_name)

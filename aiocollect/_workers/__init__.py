@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 __all__ = ["TRANSPORTS", "get_transport"]
 
-TRANSPORTS = ("inline", "subprocess")
+TRANSPORTS = ("inline", "subprocess", "distributed")
 
 
 def get_transport(name: object) -> type[Transport]:

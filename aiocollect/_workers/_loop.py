@@ -29,7 +29,7 @@ from ._messages import (
 )
 from ._transport import BUSY, PREEMPT, PROGRESS, STOP, WorkerChannel
 
-__all__ = ["SLOTS", "run_worker"]
+__all__ = ["SLOTS", "report_failure", "run_worker"]
 
 SLOTS = 2  # double buffering: a worker fills one slot while the engine reads the other
 
@@ -45,18 +45,22 @@ def run_worker(channel: WorkerChannel, spec_bytes: bytes) -> None:
         if worker.start():
             worker.serve()
     except BaseException as exc:
-        step = None if worker is None or worker.rollout is None else worker.rollout.steps_done
-        try:
-            payload: bytes | None = pickle.dumps(exc)
-        except Exception:
-            payload = None
-        try:
-            channel.send(Failed(step, payload, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
-        except (OSError, EOFError):
-            pass  # the engine is gone
+        report_failure(channel, exc, None if worker is None or worker.rollout is None else worker.rollout.steps_done)
     finally:
         if worker is not None and worker.rollout is not None:
             worker.rollout.env.close()
+
+
+def report_failure(channel: WorkerChannel, exc: BaseException, step: int | None) -> None:
+    """Send ``exc`` (being handled) to the engine as `Failed`, with its traceback; never raises."""
+    try:
+        payload: bytes | None = pickle.dumps(exc)
+    except Exception:
+        payload = None
+    try:
+        channel.send(Failed(step, payload, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+    except (OSError, EOFError):
+        pass  # the engine is gone
 
 
 def _load_weights(policy: Any, source: Any) -> None:

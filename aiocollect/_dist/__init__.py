@@ -1,0 +1,1 @@
+"""Collectors whose workers are collection nodes reached through torch.distributed."""

@@ -1,0 +1,150 @@
+"""Argument handling of the distributed collectors: nodes, their collectors, weight-update rules.
+
+Everything here runs in the constructor, before anything is launched, and raises
+``TypeError``/``ValueError`` with the rule, the value and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from .._core._validate import check_bool, check_int
+from .._multi._config import MultiConfig, resolve_multi_config
+
+__all__ = ["DistConfig", "resolve_dist_config"]
+
+# The local collector's arguments that the distributed collector sets itself.
+_OWNED = {
+    "frames_per_batch", "total_frames", "policy", "policy_factory", "num_workers", "create_env_fn", "replay_buffer",
+    "max_frames_per_traj", "init_random_frames", "reset_at_each_iter", "exploration_type", "device", "env_device",
+    "policy_device", "trajs_per_batch",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DistConfig:
+    """The validated arguments of a distributed collector."""
+
+    mc: MultiConfig  # the engine's view: one "worker" per node
+    collector_class: type
+    workers_per_node: int
+    node_fpb: int
+    node_kwargs: list[dict[str, Any]]  # per node: the local collector's other arguments
+    update_after_each_batch: bool
+    max_weight_update_interval: int
+    update_interval: int | None
+
+
+def _collector_class(value: Any) -> type:
+    from .._collect._collector import Collector
+    from .._multi._collectors import MultiAsyncCollector, MultiSyncCollector
+
+    aliases = {"single": Collector, "sync": MultiSyncCollector, "async": MultiAsyncCollector}
+    value = aliases.get(value, value) if isinstance(value, str) else value
+    value = getattr(value, "_async_class", value)  # a blocking twin names its async class
+    if value not in (Collector, MultiSyncCollector, MultiAsyncCollector):
+        raise TypeError(
+            "collector_class must be aiocollect's Collector, MultiSyncCollector or MultiAsyncCollector (or 'single', "
+            f"'sync', 'async'), got {value!r}"
+        )
+    return value  # type: ignore[no-any-return]
+
+
+def resolve_dist_config(
+    name: str,
+    *,
+    create_env_fn: Any,
+    num_nodes: Any,
+    frames_per_batch: Any,
+    collector_class: Any,
+    collector_kwargs: Any,
+    num_workers_per_collector: Any,
+    update_after_each_batch: Any,
+    max_weight_update_interval: Any,
+    update_interval: Any,
+    init_random_frames: Any,
+    max_frames_per_traj: Any,
+    reset_at_each_iter: Any,
+    exploration_type: Any,
+    transport_options: dict[str, Any],
+    gather: bool,
+    **engine: Any,
+) -> DistConfig:
+    """Validate a distributed collector's arguments (``engine`` goes to `resolve_multi_config`)."""
+    from .._workers._distributed import DistributedTransport
+
+    if isinstance(create_env_fn, (list, tuple)):
+        check_int("num_nodes", num_nodes, allow_none=True)
+        fns = list(create_env_fn)
+        if num_nodes is not None and num_nodes != len(fns):
+            raise ValueError(f"num_nodes={num_nodes!r} but create_env_fn lists {len(fns)} factories; drop num_nodes")
+    else:
+        check_int("num_nodes", num_nodes, rule="a positive int when create_env_fn is a single factory (or pass one factory per node)")
+        fns = [create_env_fn] * num_nodes
+    n = len(fns)
+    if n == 0:
+        raise ValueError("create_env_fn must list at least one env factory (one per node), got an empty list")
+    fpb = check_int("frames_per_batch", frames_per_batch)
+    if gather and fpb % n:
+        raise ValueError(
+            f"frames_per_batch={fpb} must split evenly across {n} nodes when every node's share is gathered; "
+            f"use a multiple of {n}, e.g. {fpb + n - fpb % n}"
+        )
+    node_fpb = fpb // n if gather else fpb
+    cls = _collector_class(collector_class)
+    k = check_int("num_workers_per_collector", num_workers_per_collector)
+    if cls.__name__ == "Collector" and k != 1:
+        raise ValueError(
+            f"num_workers_per_collector={k} needs collector_class=MultiSyncCollector or MultiAsyncCollector; "
+            "Collector runs one env"
+        )
+    if collector_kwargs is None:
+        kwargs_list: list[dict[str, Any]] = [{} for _ in range(n)]
+    elif isinstance(collector_kwargs, dict):
+        kwargs_list = [dict(collector_kwargs) for _ in range(n)]
+    elif isinstance(collector_kwargs, (list, tuple)) and all(isinstance(d, dict) for d in collector_kwargs):
+        if len(collector_kwargs) != n:
+            raise ValueError(f"collector_kwargs lists {len(collector_kwargs)} dicts for {n} nodes; give one per node")
+        kwargs_list = [dict(d) for d in collector_kwargs]
+    else:
+        raise TypeError(f"collector_kwargs must be a dict (or one per node) or None, got {collector_kwargs!r}")
+    for d in kwargs_list:
+        owned = sorted(set(d) & _OWNED)
+        if owned:
+            raise ValueError(
+                f"collector_kwargs sets {owned[0]!r}, which the distributed collector sets for each node; pass it "
+                f"to {name} instead" + (" (trajs_per_batch is not supported on nodes)" if owned[0] == "trajs_per_batch" else "")
+            )
+    check_bool("update_after_each_batch", update_after_each_batch)
+    mwi = check_int("max_weight_update_interval", max_weight_update_interval, minimum=-1)
+    if update_after_each_batch and mwi > -1:
+        raise ValueError(
+            "update_after_each_batch=True and max_weight_update_interval > -1 contradict each other; keep one of them"
+        )
+    if update_interval is not None:
+        check_int("update_interval", update_interval, rule="a positive int (update every k batches) or None")
+    random = check_int("init_random_frames", init_random_frames, minimum=-1, allow_none=True) or 0
+    common = {
+        "max_frames_per_traj": max_frames_per_traj, "reset_at_each_iter": reset_at_each_iter,
+        "exploration_type": exploration_type,
+    }  # fmt: skip
+    mc = resolve_multi_config(
+        sync=gather, create_env_fn=fns, num_workers=None, frames_per_batch=[node_fpb] * n, cat_results=None,
+        update_at_each_batch=update_after_each_batch and gather, preemptive_threshold=None, num_sub_threads=1,
+        start_method=None, backend="distributed", create_env_kwargs=None, init_random_frames=None, **common, **engine,
+    )  # fmt: skip
+    options = DistributedTransport.check_options({**transport_options, "worker_main": "aiocollect._dist._node:run_node"})
+    mc = dataclasses.replace(mc, transport_options=options, total_fpb=fpb)
+    node_kwargs = [
+        {
+            **d, **common, "init_random_frames": max(0, random) // n or None,
+            "env_device": mc.worker_cfgs[w].env_device, "policy_device": mc.worker_cfgs[w].policy_device,
+        }
+        for w, d in enumerate(kwargs_list)
+    ]  # fmt: skip
+    return DistConfig(
+        mc=mc, collector_class=cls, workers_per_node=k, node_fpb=node_fpb, node_kwargs=node_kwargs,
+        update_after_each_batch=update_after_each_batch, max_weight_update_interval=mwi, update_interval=update_interval,
+    )  # fmt: skip

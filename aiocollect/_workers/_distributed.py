@@ -1,0 +1,476 @@
+"""The torch.distributed transport: workers are processes on other machines (or this one).
+
+The trainer hosts a ``TCPStore`` (torchrun's ``MASTER_PORT``; free by default) and a control
+listener whose address it publishes in the store. A node connects, says which rank it is,
+and is told which private pair group (``_wire.pair_group``) to join and what to run. From
+then on records travel over the node's TCP connection and tensors over its pair group:
+
+* the event loop never blocks: one reader thread per node receives its records (and, right
+  after a `BatchReady`, the batch itself into the node's receive slots), queues them and
+  wakes the loop through a `Notifier`. Nothing polls: the thread sleeps in ``recv``.
+* a node that dies closes its connection: the reader sees end of file at once and reports
+  `Exited`, never a hang in a collective.
+* liveness: the node reports its progress count when it changes (`Beat`), so a node that
+  stops answering goes silent and the engine's liveness rule applies to it as to any worker.
+
+``launcher`` says who starts nodes: ``"mp"`` (local processes), ``"submitit"`` (SLURM jobs,
+or submitit's local executor) or ``"external"`` (``python -m aiocollect.node`` started by you).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import os
+import secrets
+import socket
+import threading
+from collections import deque
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import torch
+
+from .._core._errors import WorkerCrashedError, worker_error_from_message
+from .._core._notify import Notifier
+from ._distributed_node import CONTROL_KEY
+from ._launch import LAUNCHERS, make_launcher
+from ._messages import ApplyWeights, BatchReady, Close, Command, Event, Exited, Failed, Ready
+from ._subprocess import START_METHODS, _default_start_method
+from ._transport import Tensors, Transport
+from ._wire import (
+    BACKENDS,
+    DATA_TAG,
+    WEIGHTS_TAG,
+    Beat,
+    Hello,
+    NodePid,
+    Preempt,
+    Setup,
+    Stop,
+    data_device,
+    flat_buffer,
+    flat_views,
+    pair_group,
+    recv_frame,
+    send_frame,
+)
+
+__all__ = ["DistributedTransport", "transport_class"]
+
+_DEFAULT_MAIN = "aiocollect._workers._loop:run_worker"
+_OPTIONS = {
+    "backend": "gloo", "launcher": "mp", "start_method": None, "master_addr": None, "tcp_port": None,
+    "node_hosts": None, "slurm_kwargs": None, "submitit_folder": "aiocollect_submitit", "worker_main": _DEFAULT_MAIN,
+    "join_timeout": 300.0, "beat_interval": 0.5,
+}  # fmt: skip
+
+
+def _check_backend(backend: Any) -> str:
+    import torch.distributed as dist
+
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+    if not dist.is_available():
+        raise RuntimeError("this torch build has no torch.distributed; install a build with distributed support")
+    if backend == "mpi":
+        if not dist.is_mpi_available():
+            raise RuntimeError("backend='mpi' needs a torch build with MPI, and this one has none; use backend='gloo' (CPU tensors)")
+        raise ValueError(
+            "backend='mpi' needs every process started by mpirun, which this collector's launchers do not do; "
+            "use backend='gloo' (CPU) or 'nccl' (GPU)"
+        )
+    if backend == "nccl" and not (dist.is_nccl_available() and torch.cuda.is_available()):
+        raise RuntimeError("backend='nccl' needs CUDA and a torch build with NCCL; use backend='gloo' on CPU machines")
+    return str(backend)
+
+
+def _check_address(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"{name} must be a host name or IP address string, got {value!r}")
+    return value
+
+
+class _Node:
+    """The trainer's view of one node (``rank = w + 1``)."""
+
+    def __init__(self) -> None:
+        self.sock: socket.socket | None = None
+        self.hello: Hello | None = None
+        self.pg: Any = None
+        self.reader: threading.Thread | None = None
+        self.events: deque[Event] = deque()
+        self.progress: tuple[int, bool] | None = None
+        self.slots: list[dict[Any, Any]] = []
+        self.flats: list[Any] = []
+        self.sends: list[Any] = []  # weight sends not known to be complete (they hold their tensors)
+        self.joins = 0
+        self.gone = False  # the reader saw the connection end
+        self.lock = threading.Lock()  # serializes records sent from the loop
+
+
+class DistributedTransport(Transport):
+    """Workers are torch.distributed peers: a pair group each, records over TCP."""
+
+    memory = "none"
+    can_kill = True
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        unknown = set(options) - set(_OPTIONS)
+        if unknown:
+            raise TypeError(f"the distributed backend takes no option {sorted(unknown)[0]!r}; it takes {sorted(_OPTIONS)}")
+        out = {**_OPTIONS, **{k: v for k, v in options.items() if v is not None}}
+        out["backend"] = _check_backend(out["backend"])
+        if out["launcher"] not in LAUNCHERS:
+            raise ValueError(f"launcher must be one of {', '.join(map(repr, LAUNCHERS))}, got {out['launcher']!r}")
+        if out["launcher"] == "submitit":
+            try:
+                import submitit  # noqa: F401
+            except ImportError:
+                raise RuntimeError("launcher='submitit' needs submitit: pip install submitit") from None
+        out["slurm_kwargs"] = dict(out["slurm_kwargs"] or {})
+        method = out["start_method"] or _default_start_method()
+        if method not in START_METHODS:
+            raise ValueError(f"start_method must be 'forkserver' or 'spawn' (fork is unsafe with threads), got {method!r}")
+        out["start_method"] = method
+        port = out["tcp_port"]
+        if port is None and out["launcher"] == "external":
+            port = os.environ.get("MASTER_PORT")
+            if port is None:
+                raise ValueError("launcher='external' needs a known port for nodes to reach: pass tcp_port=29500 (any free port)")
+        if port is not None:
+            try:
+                port = int(port)
+            except (TypeError, ValueError):
+                raise TypeError(f"tcp_port must be an int in [1, 65535] or None (any free port), got {port!r}") from None
+            if not 0 < port < 65536:
+                raise ValueError(f"tcp_port must be an int in [1, 65535] or None (any free port), got {port!r}")
+        out["tcp_port"] = port
+        addr = out["master_addr"] or os.environ.get("MASTER_ADDR")
+        if addr is None:
+            addr = "127.0.0.1" if out["launcher"] == "mp" else socket.gethostbyname(socket.gethostname())
+        out["master_addr"] = _check_address("master_addr", addr)
+        hosts = out["node_hosts"]
+        if hosts is not None:
+            if isinstance(hosts, str) or not all(isinstance(h, str) and h for h in hosts):
+                raise TypeError(f"node_hosts must be a list of addresses (one per node) or None, got {hosts!r}")
+            out["node_hosts"] = list(hosts)
+        module, sep, name = str(out["worker_main"]).partition(":")
+        if not (module and sep and name):
+            raise ValueError(f"worker_main must be 'module:function', got {out['worker_main']!r}")
+        for key in ("join_timeout", "beat_interval"):
+            value = out[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
+                raise ValueError(f"{key} must be a positive number of seconds, got {value!r}")
+        return out
+
+    def __init__(self, num_workers: int, options: dict[str, Any], weights_layout: Any) -> None:
+        super().__init__(num_workers, options, weights_layout)
+        import torch.distributed as dist
+
+        hosts = options["node_hosts"]
+        if hosts is not None and len(hosts) != num_workers:
+            raise ValueError(f"node_hosts lists {len(hosts)} addresses for {num_workers} nodes; give one per node")
+        self._nodes = [_Node() for _ in range(num_workers)]
+        self._notifier = Notifier()
+        self._token = secrets.token_hex(16)
+        self._device = data_device(options["backend"])
+        self._weights: Any = None  # the flat buffer of the last published weights
+        addr = options["master_addr"]
+        try:
+            self._store = dist.TCPStore(
+                addr, options["tcp_port"] or 0, is_master=True, wait_for_workers=False,
+                timeout=timedelta(seconds=options["join_timeout"]),
+            )  # fmt: skip
+        except Exception as exc:
+            raise OSError(f"cannot listen on {addr}:{options['tcp_port'] or 0} for nodes ({exc}); pass a free tcp_port") from exc
+        family = socket.AF_INET6 if ipaddress.ip_address(socket.gethostbyname(addr) if ":" not in addr else addr).version == 6 else socket.AF_INET
+        self._listener = socket.socket(family, socket.SOCK_STREAM)
+        self._listener.bind((addr, 0))
+        self._listener.listen(max(16, num_workers))
+        self._joined: dict[int, tuple[socket.socket, Hello]] = {}
+        self._closed = False
+        threading.Thread(target=self._accept, name="aiocollect-accept", daemon=True).start()
+        self._store.set(CONTROL_KEY, f"{addr}:{self._listener.getsockname()[1]}:{self._token}")
+        self._launcher = make_launcher(options)
+
+    @property
+    def store_port(self) -> int:
+        """The TCPStore's port (``MASTER_PORT`` for nodes)."""
+        return int(self._store.port)
+
+    # -- joining -----------------------------------------------------------------------------
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                return  # the listener was closed: the transport is shutting down
+            try:
+                sock.settimeout(10.0)  # a hello is one small frame; a silent stray connection is dropped
+                hello = recv_frame(sock)
+                sock.settimeout(None)
+                ok = isinstance(hello, Hello) and secrets.compare_digest(hello.token, self._token)
+                ok = ok and 1 <= hello.rank <= self.num_workers
+            except Exception:
+                ok = False
+            if not ok:
+                sock.close()
+                continue
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._notifier.lock:
+                old = self._joined.pop(hello.rank, None)
+                self._joined[hello.rank] = (sock, hello)
+            if old is not None:
+                old[0].close()  # a node that joined twice: the newest connection wins
+            self._notifier.notify_all()
+
+    async def _wait_join(self, w: int) -> tuple[socket.socket, Hello]:
+        rank, launcher = w + 1, self._launcher
+        sentinel = launcher.sentinel(rank)
+
+        async def died() -> None:
+            if sentinel is None:
+                await anyio.sleep_forever()
+            await anyio.wait_readable(sentinel)
+
+        with anyio.fail_after(self.options["join_timeout"]):
+            async with anyio.create_task_group() as tg:
+                dead = []
+
+                async def watch() -> None:
+                    await died()
+                    dead.append(True)
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(watch)
+                await self._notifier.wait_until(lambda: rank in self._joined)
+                tg.cancel_scope.cancel()
+        if dead and rank not in self._joined:
+            await anyio.to_thread.run_sync(launcher.reap, rank, 1.0)
+            raise WorkerCrashedError(w, None, launcher.exitcode(rank), during_startup=True)
+        with self._notifier.lock:
+            return self._joined.pop(rank)
+
+    # -- life --------------------------------------------------------------------------------
+    async def start(self, w: int, spec: bytes) -> Any:
+        node, rank, opts = self._nodes[w], w + 1, self.options
+        if opts["launcher"] != "external":
+            hosts = opts["node_hosts"]
+            args = (opts["master_addr"], self.store_port, rank, None if hosts is None else hosts[w], opts["join_timeout"])
+            await anyio.to_thread.run_sync(self._launcher.launch, rank, args)
+        try:
+            sock, hello = await self._wait_join(w)
+        except TimeoutError:
+            raise TimeoutError(
+                f"node {w} (rank {rank}) did not join within join_timeout={opts['join_timeout']}s; "
+                f"start it with MASTER_ADDR={opts['master_addr']} MASTER_PORT={self.store_port} RANK={rank} "
+                "python -m aiocollect.node, or check the launcher's logs"
+            ) from None
+        node.joins += 1
+        node.sock, node.hello, node.events, node.progress, node.gone = sock, hello, deque(), (0, False), False
+        setup = Setup(
+            prefix=f"r{rank}j{node.joins}", backend=opts["backend"], timeout=opts["join_timeout"],
+            worker_main=opts["worker_main"], spec=spec, weights_layout=self.weights_layout,
+            weights_follow=self._weights is not None, beat_interval=opts["beat_interval"],
+        )  # fmt: skip
+        send_frame(sock, setup, node.lock)
+        node.reader = threading.Thread(target=self._read, args=(w, node, setup), name=f"aiocollect-node-{rank}", daemon=True)
+        node.reader.start()
+        while True:
+            await self._notifier.wait_until(lambda: bool(node.events))
+            with self._notifier.lock:
+                event = node.events.popleft()
+            if isinstance(event, Ready):
+                return event.layout
+            if isinstance(event, Failed):
+                raise worker_error_from_message(w, self.pid(w), event)
+            if isinstance(event, Exited):
+                code = await self._exitcode(w)
+                raise WorkerCrashedError(w, self.pid(w), code, during_startup=True)
+            raise RuntimeError(f"node {w} sent {event!r} during start-up")  # pragma: no cover - a protocol bug
+
+    def _read(self, w: int, node: _Node, setup: Setup) -> None:
+        """The node's reader thread: records in, batches into the receive slots, the loop woken."""
+        sock = node.sock
+        assert sock is not None and node.hello is not None
+        try:
+            pg = node.pg = pair_group(self._store, setup.prefix, 0, setup.backend, self.options["master_addr"], setup.timeout)
+            if setup.weights_follow and self._weights is not None:
+                node.sends.append(pg.send([self._weights], 1, WEIGHTS_TAG))
+            while True:
+                msg = recv_frame(sock)
+                if isinstance(msg, Beat):
+                    node.progress = (msg.progress, msg.busy)
+                    continue
+                if isinstance(msg, Ready):
+                    node.flats = [flat_buffer(msg.layout, self._device) for _ in range(2)]
+                    node.slots = [flat_views(f, msg.layout) for f in node.flats]
+                elif isinstance(msg, BatchReady):
+                    # The node sends the batch right after this record: the receive is short.
+                    pg.recv([node.flats[msg.slot]], 1, DATA_TAG).wait(timedelta(seconds=setup.timeout))
+                self._push(node, msg)
+        except Exception:  # end of file, a reset connection or a failed receive: the node is gone
+            node.gone = True
+            self._push(node, Exited(None))
+
+    def _push(self, node: _Node, event: Event) -> None:
+        with self._notifier.lock:
+            node.events.append(event)
+        self._notifier.notify_all()
+
+    async def _exitcode(self, w: int) -> int | None:
+        rank = w + 1
+        sentinel = self._launcher.sentinel(rank)
+        if sentinel is not None:
+            with anyio.move_on_after(5.0):
+                await anyio.wait_readable(sentinel)
+            await anyio.to_thread.run_sync(self._launcher.reap, rank, 1.0)
+        return self._launcher.exitcode(rank)
+
+    def _disconnect(self, node: _Node) -> None:
+        sock, node.sock = node.sock, None
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # wakes the reader thread with end of file
+            except OSError:
+                pass
+            sock.close()
+
+    async def stop(self, w: int, timeout: float) -> None:
+        node, rank = self._nodes[w], w + 1
+        if node.sock is None and node.reader is None:
+            return
+        self.send(w, Close())
+        reader = node.reader
+        with anyio.move_on_after(timeout):
+            # The node closes its connection when it has finished: the reader then ends.
+            await self._notifier.wait_until(lambda: node.gone or reader is None)
+        await anyio.to_thread.run_sync(self._launcher.reap, rank, 1.0 if reader is None or not reader.is_alive() else 0.1)
+        self._disconnect(node)
+        if reader is not None:
+            await anyio.to_thread.run_sync(reader.join, timeout)
+        self._forget(node)
+
+    def _forget(self, node: _Node) -> None:
+        if node.reader is not None and node.reader.is_alive():
+            _ABANDONED.append(node)  # a receive still runs: dropping its group now would abort the process
+        node.reader = None
+        node.pg, node.sends = None, []
+        node.slots, node.flats, node.progress = [], [], None
+        with self._notifier.lock:
+            node.events = deque()
+        self._notifier.notify_all()
+
+    def stop_nowait(self) -> None:
+        for w in range(self.num_workers):
+            self._send_record(w, Stop())
+
+    def close_now(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for node in self._nodes:
+            if node.sock is not None:
+                self._send_record_to(node, Close())
+        self._launcher.close()
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept thread
+        except OSError:
+            pass
+        self._listener.close()
+        for node in self._nodes:
+            self._disconnect(node)
+        for node in self._nodes:
+            if node.reader is not None:
+                node.reader.join(1.0)
+            self._forget(node)
+        with self._notifier.lock:
+            joined, self._joined = self._joined, {}
+        for sock, _ in joined.values():
+            sock.close()
+
+    # -- commands and events -----------------------------------------------------------------
+    def _send_record_to(self, node: _Node, record: Any) -> bool:
+        if node.sock is None:
+            return False
+        try:
+            send_frame(node.sock, record, node.lock)
+            return True
+        except OSError:
+            return False  # the node is gone: its reader reports how
+
+    def _send_record(self, w: int, record: Any) -> bool:
+        return self._send_record_to(self._nodes[w], record)
+
+    def send(self, w: int, command: Command) -> None:
+        node = self._nodes[w]
+        if not self._send_record_to(node, command) or not isinstance(command, ApplyWeights):
+            return
+        if self._weights is not None and node.pg is not None:
+            node.sends = [s for s in node.sends if not s.is_completed()]
+            node.sends.append(node.pg.send([self._weights], 1, WEIGHTS_TAG))
+
+    def receive_nowait(self, workers: list[int]) -> list[tuple[int, Event]]:
+        got = []
+        with self._notifier.lock:
+            for w in workers:
+                events = self._nodes[w].events
+                while events:
+                    got.append((w, events.popleft()))
+        return got
+
+    async def receive(self, workers: list[int]) -> list[tuple[int, Event]]:
+        nodes = [self._nodes[w] for w in workers]
+        await self._notifier.wait_until(lambda: any(n.events for n in nodes))
+        got = self.receive_nowait(workers)
+        out = []
+        for w, event in got:
+            if isinstance(event, Exited) and event.exitcode is None:
+                event = Exited(await self._exitcode(w))
+            out.append((w, event))
+        return out
+
+    # -- data --------------------------------------------------------------------------------
+    def batch(self, w: int, slot: int) -> Tensors:
+        return self._nodes[w].slots[slot]
+
+    def publish_weights(self, state: Tensors) -> None:
+        layout = self.weights_layout
+        flat = flat_buffer(layout, self._device)  # a fresh buffer: sends of older versions keep theirs
+        views = flat_views(flat, layout)
+        with torch.no_grad():
+            for k, view in views.items():
+                view.copy_(state[k])
+        self._weights = flat
+
+    def attach_storage(self, w: int, storage: Any) -> None:
+        raise RuntimeError("distributed workers cannot write into the trainer's replay buffer")  # memory = "none"
+
+    # -- control words -----------------------------------------------------------------------
+    def preempt(self, w: int, seq: int) -> None:
+        self._send_record(w, Preempt(seq))
+
+    def progress(self, w: int) -> tuple[int, bool] | None:
+        return self._nodes[w].progress
+
+    def pid(self, w: int) -> int | None:
+        hello = self._nodes[w].hello
+        return None if hello is None else NodePid(hello.pid, f"{hello.hostname} ({hello.host})", w + 1)
+
+    def kill(self, w: int) -> None:
+        if self._launcher.can_kill:
+            self._launcher.kill(w + 1)
+        else:
+            self._disconnect(self._nodes[w])  # the node sees end of file and leaves after its batch
+
+
+# Nodes whose reader thread could not be joined (a node hung in the middle of sending a
+# batch, on a launcher that cannot kill it): kept referenced for the life of the process.
+_ABANDONED: list[_Node] = []
+
+transport_class = DistributedTransport

@@ -1,0 +1,168 @@
+"""How the distributed transport starts collection nodes: local processes, submitit jobs, or not at all.
+
+A launcher only starts and kills; everything else (joining, data, death) goes through the
+node's connection to the trainer, the same whichever launcher started it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+from typing import Any
+
+__all__ = ["LAUNCHERS", "make_launcher"]
+
+LAUNCHERS = ("mp", "submitit", "external")
+
+#: TorchRL's SLURM defaults, which ``slurm_kwargs`` update.
+DEFAULT_SLURM_CONF = {"timeout_min": 10, "slurm_partition": "train", "cpus_per_task": 32, "gpus_per_node": 0}
+
+
+class Launcher:
+    """Starts node ``rank`` running ``node_main(master_addr, store_port, rank, bind_host)``."""
+
+    can_kill = True
+
+    def launch(self, rank: int, args: tuple[Any, ...]) -> None:  # noqa: B027 - external: nothing to do
+        """Start the node with rank ``rank`` (``args`` are `node_main`'s)."""
+
+    def sentinel(self, rank: int) -> int | None:
+        """A descriptor that becomes readable when the node's process ends (if known)."""
+        return None
+
+    def exitcode(self, rank: int) -> int | None:
+        """The node's exit code once it has ended (``None``: unknown or still running)."""
+        return None
+
+    def kill(self, rank: int) -> None:
+        """Kill the node now (its connection then closes)."""
+
+    def reap(self, rank: int, timeout: float) -> None:
+        """Wait up to ``timeout`` for the node to end, killing it after; blocking, run off the loop."""
+
+    def close(self) -> None:
+        """Kill whatever is still running."""
+
+
+class MpLauncher(Launcher):
+    """Local processes, from the fork server (like subprocess workers) or spawned."""
+
+    def __init__(self, start_method: str) -> None:
+        from ._subprocess import _preload_forkserver
+
+        self._ctx = multiprocessing.get_context(start_method)
+        if start_method == "forkserver":
+            _preload_forkserver(self._ctx)
+        self._procs: dict[int, Any] = {}
+
+    def launch(self, rank: int, args: tuple[Any, ...]) -> None:
+        from ._distributed_node import node_main
+        from ._subprocess import _START_LOCK, _check_not_bootstrapping
+
+        _check_not_bootstrapping()
+        process = self._ctx.Process(target=node_main, args=args, name=f"aiocollect-node-{rank}", daemon=True)
+        with _START_LOCK:  # as in the subprocess transport: never fix the global start method
+            default = getattr(multiprocessing.context, "_default_context", None)
+            unset = getattr(default, "_actual_context", False) is None
+            try:
+                process.start()
+            finally:
+                if unset:
+                    default._actual_context = None  # type: ignore[union-attr]
+        self._procs[rank] = process
+
+    def sentinel(self, rank: int) -> int | None:
+        p = self._procs.get(rank)
+        return None if p is None else p.sentinel  # type: ignore[no-any-return]
+
+    def exitcode(self, rank: int) -> int | None:
+        p = self._procs.get(rank)
+        return None if p is None else p.exitcode  # type: ignore[no-any-return]
+
+    def kill(self, rank: int) -> None:
+        p = self._procs.get(rank)
+        if p is not None and p.exitcode is None and p.pid is not None:
+            try:
+                os.kill(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def reap(self, rank: int, timeout: float) -> None:
+        p = self._procs.get(rank)
+        if p is None:
+            return
+        p.join(timeout)
+        if p.exitcode is None:
+            p.terminate()
+            p.join(1.0)
+        if p.exitcode is None:
+            self.kill(rank)
+            p.join(5.0)
+
+    def close(self) -> None:
+        for rank in list(self._procs):
+            self.kill(rank)
+        for p in self._procs.values():
+            p.join(1.0)
+
+
+class SubmititLauncher(Launcher):
+    """Jobs through submitit: SLURM where it exists, submitit's local executor elsewhere."""
+
+    def __init__(self, slurm_kwargs: dict[str, Any], folder: str) -> None:
+        import submitit
+
+        cluster = None if submitit.AutoExecutor.which() == "slurm" else "local"
+        self._executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
+        params = dict(DEFAULT_SLURM_CONF, **slurm_kwargs)
+        if cluster == "local":  # slurm-only settings mean nothing to the local executor
+            params = {k: v for k, v in params.items() if not k.startswith("slurm_")}
+        self._executor.update_parameters(**params)
+        self._jobs: dict[int, Any] = {}
+        self._lock = threading.Lock()
+
+    def launch(self, rank: int, args: tuple[Any, ...]) -> None:
+        from ._distributed_node import node_main
+
+        with self._lock:
+            self._jobs[rank] = self._executor.submit(node_main, *args)
+
+    def kill(self, rank: int) -> None:
+        job = self._jobs.get(rank)
+        if job is not None:
+            try:
+                job.cancel(check=False)
+            except Exception:  # noqa: S110 - the job may have ended meanwhile
+                pass
+
+    def reap(self, rank: int, timeout: float) -> None:
+        import time
+
+        job = self._jobs.get(rank)
+        if job is None:
+            return
+        deadline = time.monotonic() + timeout
+        while not job.done() and time.monotonic() < deadline:
+            time.sleep(0.1)  # submitit has no blocking wait with a timeout (shutdown only)
+        if not job.done():
+            self.kill(rank)
+        self._jobs.pop(rank, None)
+
+    def close(self) -> None:
+        for rank in list(self._jobs):
+            self.kill(rank)
+        self._jobs.clear()
+
+
+def make_launcher(options: dict[str, Any]) -> Launcher:
+    """The launcher named by the transport's ``launcher`` option."""
+    name = options["launcher"]
+    if name == "mp":
+        return MpLauncher(options["start_method"])
+    if name == "submitit":
+        return SubmititLauncher(options["slurm_kwargs"], options["submitit_folder"])
+    launcher = Launcher()
+    launcher.can_kill = False
+    return launcher
