@@ -60,7 +60,7 @@ def run_node(channel: WorkerChannel, spec_bytes: bytes) -> None:
         if node.start():
             node.serve()
     except BaseException as exc:
-        report_failure(channel, exc, None if node is None else node.batches)
+        report_failure(channel, exc, None)  # a node counts batches, not env steps: no step to report
     finally:
         if node is not None:
             node.close()

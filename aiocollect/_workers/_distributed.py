@@ -188,6 +188,7 @@ class DistributedTransport(Transport):
             )  # fmt: skip
         except Exception as exc:
             raise OSError(f"cannot listen on {addr}:{options['tcp_port'] or 0} for nodes ({exc}); pass a free tcp_port") from exc
+        self._port = int(self._store.port)
         family = socket.AF_INET6 if ipaddress.ip_address(socket.gethostbyname(addr) if ":" not in addr else addr).version == 6 else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
         self._listener.bind((addr, 0))
@@ -201,7 +202,7 @@ class DistributedTransport(Transport):
     @property
     def store_port(self) -> int:
         """The TCPStore's port (``MASTER_PORT`` for nodes)."""
-        return int(self._store.port)
+        return int(self._port)
 
     # -- joining -----------------------------------------------------------------------------
     def _accept(self) -> None:
@@ -393,6 +394,7 @@ class DistributedTransport(Transport):
             joined, self._joined = self._joined, {}
         for sock, _ in joined.values():
             sock.close()
+        self._store = None  # its server socket closes with it: a closed collector holds no port
 
     # -- commands and events -----------------------------------------------------------------
     def _send_record_to(self, node: _Node, record: Any) -> bool:

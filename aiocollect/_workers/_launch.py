@@ -56,12 +56,14 @@ class MpLauncher(Launcher):
         if start_method == "forkserver":
             _preload_forkserver(self._ctx)
         self._procs: dict[int, Any] = {}
+        self._codes: dict[int, int] = {}  # exit codes of released processes
 
     def launch(self, rank: int, args: tuple[Any, ...]) -> None:
         from ._distributed_node import node_main
         from ._subprocess import _START_LOCK, _check_not_bootstrapping
 
         _check_not_bootstrapping()
+        self._codes.pop(rank, None)
         process = self._ctx.Process(target=node_main, args=args, name=f"aiocollect-node-{rank}", daemon=True)
         with _START_LOCK:  # as in the subprocess transport: never fix the global start method
             default = getattr(multiprocessing.context, "_default_context", None)
@@ -79,7 +81,14 @@ class MpLauncher(Launcher):
 
     def exitcode(self, rank: int) -> int | None:
         p = self._procs.get(rank)
-        return None if p is None else p.exitcode  # type: ignore[no-any-return]
+        return self._codes.get(rank) if p is None else p.exitcode  # type: ignore[no-any-return]
+
+    def _release(self, rank: int) -> None:
+        p = self._procs.get(rank)
+        if p is not None and p.exitcode is not None:
+            self._codes[rank] = p.exitcode
+            del self._procs[rank]
+            p.close()  # its sentinel (a descriptor) goes now, not whenever the collector is collected
 
     def kill(self, rank: int) -> None:
         p = self._procs.get(rank)
@@ -100,12 +109,14 @@ class MpLauncher(Launcher):
         if p.exitcode is None:
             self.kill(rank)
             p.join(5.0)
+        self._release(rank)
 
     def close(self) -> None:
         for rank in list(self._procs):
             self.kill(rank)
-        for p in self._procs.values():
+        for rank, p in list(self._procs.items()):
             p.join(1.0)
+            self._release(rank)
 
 
 class SubmititLauncher(Launcher):
