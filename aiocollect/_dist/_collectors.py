@@ -16,12 +16,12 @@ from typing import Any
 import anyio
 import cloudpickle
 from tensordict import TensorDictBase
+from tensordict.nn import InteractionType
 
 from .._core._errors import CollectorClosedError
 from .._core._threads import to_thread
 from .._multi._collectors import MultiAsyncCollector, MultiSyncCollector
 from .._multi._engine import MultiCollectorBase
-from tensordict.nn import InteractionType
 from .._workers._messages import ApplyWeights
 from .._workers._weights import state_of
 from ._config import resolve_dist_config
@@ -56,6 +56,7 @@ class _DistributedBase(MultiCollectorBase):
         collector_kwargs: Any = None,
         num_workers_per_collector: int = 1,
         slurm_kwargs: dict[str, Any] | None = None,
+        submitit_folder: str = "aiocollect_submitit",
         backend: str = "gloo",
         update_after_each_batch: bool = False,
         max_weight_update_interval: int = -1,
@@ -80,7 +81,7 @@ class _DistributedBase(MultiCollectorBase):
         transport = {
             "backend": backend, "launcher": launcher, "tcp_port": tcp_port, "master_addr": master_addr,
             "node_hosts": node_hosts, "slurm_kwargs": slurm_kwargs, "start_method": start_method,
-            "join_timeout": join_timeout,
+            "join_timeout": join_timeout, "submitit_folder": submitit_folder,
         }  # fmt: skip
         dc = self._dc = resolve_dist_config(
             type(self).__name__, create_env_fn=create_env_fn, num_nodes=num_nodes, frames_per_batch=frames_per_batch,
@@ -268,6 +269,7 @@ _ARGS_DOC = """
         node_hosts: With ``"mp"``/``"submitit"``: the local address each node connects from.
         slurm_kwargs: submitit parameters, over TorchRL's defaults (10 min, partition
             ``train``, 32 CPUs, no GPU).
+        submitit_folder: Where submitit keeps its job files and node logs.
         update_after_each_batch: Send new weights after each batch: to every node before
             it (gathering), or to the node that delivered it (``sync=False``).
         max_weight_update_interval: Send weights to a node once it delivered more than this
@@ -344,7 +346,9 @@ class DistributedSyncCollector(_DistributedBase):
 
     _gather = True
 
-    def __init__(self, create_env_fn: Any, policy: Any = None, *, update_interval: int | None = 1, **kwargs: Any) -> None:
+    def __init__(
+        self, create_env_fn: Any, policy: Any = None, *, update_interval: int | None = 1, **kwargs: Any
+    ) -> None:
         super().__init__(create_env_fn, policy, update_interval=update_interval, **kwargs)
 
     async def _collect_one(self) -> TensorDictBase | None:

@@ -81,7 +81,11 @@ def resolve_dist_config(
         if num_nodes is not None and num_nodes != len(fns):
             raise ValueError(f"num_nodes={num_nodes!r} but create_env_fn lists {len(fns)} factories; drop num_nodes")
     else:
-        check_int("num_nodes", num_nodes, rule="a positive int when create_env_fn is a single factory (or pass one factory per node)")
+        check_int(
+            "num_nodes",
+            num_nodes,
+            rule="a positive int when create_env_fn is a single factory (or pass one factory per node)",
+        )
         fns = [create_env_fn] * num_nodes
     n = len(fns)
     if n == 0:
@@ -115,7 +119,8 @@ def resolve_dist_config(
         if owned:
             raise ValueError(
                 f"collector_kwargs sets {owned[0]!r}, which the distributed collector sets for each node; pass it "
-                f"to {name} instead" + (" (trajs_per_batch is not supported on nodes)" if owned[0] == "trajs_per_batch" else "")
+                f"to {name} instead"
+                + (" (trajs_per_batch is not supported on nodes)" if owned[0] == "trajs_per_batch" else "")
             )
     check_bool("update_after_each_batch", update_after_each_batch)
     mwi = check_int("max_weight_update_interval", max_weight_update_interval, minimum=-1)
@@ -135,7 +140,11 @@ def resolve_dist_config(
         update_at_each_batch=update_after_each_batch and gather, preemptive_threshold=None, num_sub_threads=1,
         start_method=None, backend="distributed", create_env_kwargs=None, init_random_frames=None, **common, **engine,
     )  # fmt: skip
-    options = DistributedTransport.check_options({**transport_options, "worker_main": "aiocollect._dist._node:run_node"})
+    options = DistributedTransport.check_options(
+        {**transport_options, "worker_main": "aiocollect._dist._node:run_node"}
+    )
+    if options["node_hosts"] is not None and len(options["node_hosts"]) != n:
+        raise ValueError(f"node_hosts lists {len(options['node_hosts'])} addresses for {n} nodes; give one per node")
     mc = dataclasses.replace(mc, transport_options=options, total_fpb=fpb)
     node_kwargs = [
         {

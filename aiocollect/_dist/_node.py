@@ -96,7 +96,11 @@ class _Node:
             policy = spec.policy if spec.policy_factory is None else spec.policy_factory()
             return spec.collector_class(spec.create_env_fn, policy, **kwargs)
         return spec.collector_class(
-            spec.create_env_fn, spec.policy, num_workers=spec.workers_per_node, policy_factory=spec.policy_factory, **kwargs
+            spec.create_env_fn,
+            spec.policy,
+            num_workers=spec.workers_per_node,
+            policy_factory=spec.policy_factory,
+            **kwargs,
         )
 
     def start(self) -> bool:

@@ -36,7 +36,7 @@ import torch
 
 from .._core._errors import WorkerCrashedError, worker_error_from_message
 from .._core._notify import Notifier
-from ._distributed_node import CONTROL_KEY
+from ._distributed_node import control_key, torchrun_store_port
 from ._launch import LAUNCHERS, make_launcher
 from ._messages import ApplyWeights, BatchReady, Close, Command, Event, Exited, Failed, Ready
 from ._subprocess import START_METHODS, _default_start_method
@@ -49,6 +49,7 @@ from ._wire import (
     Hello,
     NodePid,
     Preempt,
+    Reject,
     Setup,
     Stop,
     data_device,
@@ -78,7 +79,9 @@ def _check_backend(backend: Any) -> str:
         raise RuntimeError("this torch build has no torch.distributed; install a build with distributed support")
     if backend == "mpi":
         if not dist.is_mpi_available():
-            raise RuntimeError("backend='mpi' needs a torch build with MPI, and this one has none; use backend='gloo' (CPU tensors)")
+            raise RuntimeError(
+                "backend='mpi' needs a torch build with MPI, and this one has none; use backend='gloo' (CPU tensors)"
+            )
         raise ValueError(
             "backend='mpi' needs every process started by mpirun, which this collector's launchers do not do; "
             "use backend='gloo' (CPU) or 'nccl' (GPU)"
@@ -122,7 +125,9 @@ class DistributedTransport(Transport):
     def check_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
         unknown = set(options) - set(_OPTIONS)
         if unknown:
-            raise TypeError(f"the distributed backend takes no option {sorted(unknown)[0]!r}; it takes {sorted(_OPTIONS)}")
+            raise TypeError(
+                f"the distributed backend takes no option {sorted(unknown)[0]!r}; it takes {sorted(_OPTIONS)}"
+            )
         out = {**_OPTIONS, **{k: v for k, v in options.items() if v is not None}}
         out["backend"] = _check_backend(out["backend"])
         if out["launcher"] not in LAUNCHERS:
@@ -135,18 +140,24 @@ class DistributedTransport(Transport):
         out["slurm_kwargs"] = dict(out["slurm_kwargs"] or {})
         method = out["start_method"] or _default_start_method()
         if method not in START_METHODS:
-            raise ValueError(f"start_method must be 'forkserver' or 'spawn' (fork is unsafe with threads), got {method!r}")
+            raise ValueError(
+                f"start_method must be 'forkserver' or 'spawn' (fork is unsafe with threads), got {method!r}"
+            )
         out["start_method"] = method
         port = out["tcp_port"]
         if port is None and out["launcher"] == "external":
             port = os.environ.get("MASTER_PORT")
             if port is None:
-                raise ValueError("launcher='external' needs a known port for nodes to reach: pass tcp_port=29500 (any free port)")
+                raise ValueError(
+                    "launcher='external' needs a known port for nodes to reach: pass tcp_port=29500 (any free port)"
+                )
         if port is not None:
             try:
                 port = int(port)
             except (TypeError, ValueError):
-                raise TypeError(f"tcp_port must be an int in [1, 65535] or None (any free port), got {port!r}") from None
+                raise TypeError(
+                    f"tcp_port must be an int in [1, 65535] or None (any free port), got {port!r}"
+                ) from None
             if not 0 < port < 65536:
                 raise ValueError(f"tcp_port must be an int in [1, 65535] or None (any free port), got {port!r}")
         out["tcp_port"] = port
@@ -178,25 +189,35 @@ class DistributedTransport(Transport):
         self._nodes = [_Node() for _ in range(num_workers)]
         self._notifier = Notifier()
         self._token = secrets.token_hex(16)
+        self._session = secrets.token_hex(4)  # pair-group keys of this collector only, in a shared store
         self._device = data_device(options["backend"])
         self._weights: Any = None  # the flat buffer of the last published weights
         addr = options["master_addr"]
+        # Under torchrun the agent already serves a store on MASTER_PORT: use it, as
+        # init_process_group would, instead of failing to listen there.
+        agent = options["launcher"] == "external" and options["tcp_port"] == torchrun_store_port()
         try:
             self._store = dist.TCPStore(
-                addr, options["tcp_port"] or 0, is_master=True, wait_for_workers=False,
+                addr, options["tcp_port"] or 0, is_master=not agent, wait_for_workers=False,
                 timeout=timedelta(seconds=options["join_timeout"]),
             )  # fmt: skip
         except Exception as exc:
-            raise OSError(f"cannot listen on {addr}:{options['tcp_port'] or 0} for nodes ({exc}); pass a free tcp_port") from exc
+            raise OSError(
+                f"cannot listen on {addr}:{options['tcp_port'] or 0} for nodes ({exc}); pass a free tcp_port"
+            ) from exc
         self._port = int(self._store.port)
-        family = socket.AF_INET6 if ipaddress.ip_address(socket.gethostbyname(addr) if ":" not in addr else addr).version == 6 else socket.AF_INET
+        family = (
+            socket.AF_INET6
+            if ipaddress.ip_address(socket.gethostbyname(addr) if ":" not in addr else addr).version == 6
+            else socket.AF_INET
+        )
         self._listener = socket.socket(family, socket.SOCK_STREAM)
         self._listener.bind((addr, 0))
         self._listener.listen(max(16, num_workers))
         self._joined: dict[int, tuple[socket.socket, Hello]] = {}
         self._closed = False
         threading.Thread(target=self._accept, name="aiocollect-accept", daemon=True).start()
-        self._store.set(CONTROL_KEY, f"{addr}:{self._listener.getsockname()[1]}:{self._token}")
+        self._store.set(control_key(), f"{addr}:{self._listener.getsockname()[1]}:{self._token}")
         self._launcher = make_launcher(options)
 
     @property
@@ -216,19 +237,50 @@ class DistributedTransport(Transport):
                 hello = recv_frame(sock)
                 sock.settimeout(None)
                 ok = isinstance(hello, Hello) and secrets.compare_digest(hello.token, self._token)
-                ok = ok and 1 <= hello.rank <= self.num_workers
             except Exception:
                 ok = False
             if not ok:
                 sock.close()
+                continue
+            reason = self._refusal(hello)
+            if reason is not None:
+                self._turn_away(sock, reason)
                 continue
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._notifier.lock:
                 old = self._joined.pop(hello.rank, None)
                 self._joined[hello.rank] = (sock, hello)
             if old is not None:
-                old[0].close()  # a node that joined twice: the newest connection wins
+                # Two nodes joined as one rank before it started: the newest wins (a restarted
+                # node replaces a stale one), and the other is told why it has to go.
+                self._turn_away(old[0], f"RANK={hello.rank} was taken by a newer node, {self._who(hello)}")
             self._notifier.notify_all()
+
+    def _refusal(self, hello: Hello) -> str | None:
+        """Why a node with a valid token cannot join (a misconfigured external node), or None."""
+        n = self.num_workers
+        if not 1 <= hello.rank <= n:
+            return f"RANK={hello.rank} is out of range: this collector has {n} nodes, ranks 1 to {n} (rank 0 is the trainer)"
+        if hello.world_size is not None and hello.world_size != n + 1:
+            return (
+                f"WORLD_SIZE={hello.world_size} does not match this collector: {n} nodes and the trainer make {n + 1}"
+            )
+        node = self._nodes[hello.rank - 1]
+        if node.sock is not None and not node.gone and node.hello is not None:
+            return f"RANK={hello.rank} is already running as {self._who(node.hello)}; give each node its own RANK"
+        return None
+
+    @staticmethod
+    def _who(hello: Hello) -> str:
+        return f"pid {hello.pid} on {hello.hostname} ({hello.host})"
+
+    @staticmethod
+    def _turn_away(sock: socket.socket, reason: str) -> None:
+        try:
+            send_frame(sock, Reject(reason), threading.Lock())
+        except OSError:
+            pass
+        sock.close()
 
     async def _wait_join(self, w: int) -> tuple[socket.socket, Hello]:
         rank, launcher = w + 1, self._launcher
@@ -262,7 +314,13 @@ class DistributedTransport(Transport):
         node, rank, opts = self._nodes[w], w + 1, self.options
         if opts["launcher"] != "external":
             hosts = opts["node_hosts"]
-            args = (opts["master_addr"], self.store_port, rank, None if hosts is None else hosts[w], opts["join_timeout"])
+            args = (
+                opts["master_addr"],
+                self.store_port,
+                rank,
+                None if hosts is None else hosts[w],
+                opts["join_timeout"],
+            )
             await anyio.to_thread.run_sync(self._launcher.launch, rank, args)
         try:
             sock, hello = await self._wait_join(w)
@@ -275,12 +333,14 @@ class DistributedTransport(Transport):
         node.joins += 1
         node.sock, node.hello, node.events, node.progress, node.gone = sock, hello, deque(), (0, False), False
         setup = Setup(
-            prefix=f"r{rank}j{node.joins}", backend=opts["backend"], timeout=opts["join_timeout"],
+            prefix=f"{self._session}/r{rank}j{node.joins}", backend=opts["backend"], timeout=opts["join_timeout"],
             worker_main=opts["worker_main"], spec=spec, weights_layout=self.weights_layout,
             weights_follow=self._weights is not None, beat_interval=opts["beat_interval"],
         )  # fmt: skip
         send_frame(sock, setup, node.lock)
-        node.reader = threading.Thread(target=self._read, args=(w, node, setup), name=f"aiocollect-node-{rank}", daemon=True)
+        node.reader = threading.Thread(
+            target=self._read, args=(w, node, setup), name=f"aiocollect-node-{rank}", daemon=True
+        )
         node.reader.start()
         while True:
             await self._notifier.wait_until(lambda: bool(node.events))
@@ -300,7 +360,9 @@ class DistributedTransport(Transport):
         sock = node.sock
         assert sock is not None and node.hello is not None
         try:
-            pg = node.pg = pair_group(self._store, setup.prefix, 0, setup.backend, self.options["master_addr"], setup.timeout)
+            pg = node.pg = pair_group(
+                self._store, setup.prefix, 0, setup.backend, self.options["master_addr"], setup.timeout
+            )
             if setup.weights_follow and self._weights is not None:
                 node.sends.append(pg.send([self._weights], 1, WEIGHTS_TAG))
             while True:
@@ -351,7 +413,9 @@ class DistributedTransport(Transport):
         with anyio.move_on_after(timeout):
             # The node closes its connection when it has finished: the reader then ends.
             await self._notifier.wait_until(lambda: node.gone or reader is None)
-        await anyio.to_thread.run_sync(self._launcher.reap, rank, 1.0 if reader is None or not reader.is_alive() else 0.1)
+        await anyio.to_thread.run_sync(
+            self._launcher.reap, rank, 1.0 if reader is None or not reader.is_alive() else 0.1
+        )
         self._disconnect(node)
         if reader is not None:
             await anyio.to_thread.run_sync(reader.join, timeout)

@@ -21,13 +21,14 @@ from typing import Any
 import numpy as np
 
 from ._messages import ApplyWeights, Close, Command, Event
-from ._transport import BUSY, CONTROL_WORDS, PROGRESS, PREEMPT, STOP, WorkerChannel
+from ._transport import BUSY, CONTROL_WORDS, PREEMPT, PROGRESS, STOP, WorkerChannel
 from ._wire import (
     DATA_TAG,
     WEIGHTS_TAG,
     Beat,
     Hello,
     Preempt,
+    Reject,
     Setup,
     Stop,
     data_device,
@@ -41,6 +42,22 @@ from ._wire import (
 __all__ = ["NodeChannel", "node_main"]
 
 CONTROL_KEY = "aiocollect/control"
+
+
+def control_key() -> str:
+    """The store key of the trainer's control address.
+
+    Under torchrun the store is its agent's and outlives a restart of the job: the key names
+    the attempt (``TORCHELASTIC_RESTART_COUNT``), so no node reads a dead trainer's address.
+    """
+    return f"{CONTROL_KEY}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
+def torchrun_store_port() -> int | None:
+    """``MASTER_PORT`` where a torchrun agent already serves the store there, else None."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and os.environ.get("MASTER_PORT"):
+        return int(os.environ["MASTER_PORT"])
+    return None
 
 
 class NodeChannel(WorkerChannel):
@@ -61,8 +78,12 @@ class NodeChannel(WorkerChannel):
             self._weights = flat_views(self._weights_flat, setup.weights_layout)
             self._weights_due = int(setup.weights_follow)
         self._done = threading.Event()
-        threading.Thread(target=self._read, name="aiocollect-node-reader", daemon=True).start()
-        threading.Thread(target=self._beat, name="aiocollect-node-beat", daemon=True).start()
+        self._threads = [
+            threading.Thread(target=self._read, name="aiocollect-node-reader", daemon=True),
+            threading.Thread(target=self._beat, name="aiocollect-node-beat", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
 
     def _read(self) -> None:
         """Commands to the queue; control words set at once, even in the middle of a batch."""
@@ -93,8 +114,19 @@ class NodeChannel(WorkerChannel):
                 last = now
 
     def close(self) -> None:
-        """Stop the heartbeat (the connection itself is closed by `node_main`)."""
+        """End the connection and this channel's threads, then drop the pair group.
+
+        The group goes while the interpreter still runs: a gloo group left to interpreter exit
+        aborts the process ("terminate called without an active exception").
+        """
         self._done.set()
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)  # the reader sees end of file and ends
+        except OSError:
+            pass
+        for t in self._threads:
+            t.join(5.0)
+        self._pg = None
 
     # -- WorkerChannel -----------------------------------------------------------------------
     def receive(self) -> Command:
@@ -147,11 +179,13 @@ class _NoLock:
 _NOLOCK: Any = _NoLock()
 
 
-def _connect(master_addr: str, store_port: int, bind_host: str | None, timeout: float) -> tuple[Any, socket.socket, str]:
+def _connect(
+    master_addr: str, store_port: int, bind_host: str | None, timeout: float
+) -> tuple[Any, socket.socket, str]:
     import torch.distributed as dist
 
     store = dist.TCPStore(master_addr, store_port, is_master=False, timeout=timedelta(seconds=timeout))
-    host, port, token = store.get(CONTROL_KEY).decode().rsplit(":", 2)
+    host, port, token = store.get(control_key()).decode().rsplit(":", 2)
     deadline = time.monotonic() + timeout
     while True:
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
@@ -169,11 +203,33 @@ def _connect(master_addr: str, store_port: int, bind_host: str | None, timeout: 
     return store, sock, token
 
 
-def node_main(master_addr: str, store_port: int, rank: int, bind_host: str | None = None, timeout: float = 300.0) -> None:
+def _pick_cuda_device(rank: int) -> None:
+    """Make this node's GPU the current device before its NCCL pair group forms.
+
+    NCCL refuses two members of a group on one GPU, so nodes sharing the trainer's machine
+    (``launcher="mp"``) take GPU ``rank % count`` (the trainer keeps its current one, GPU 0
+    unless it chose another); ``LOCAL_RANK`` (torchrun's) wins where it is set.
+    """
+    import torch
+
+    local = os.environ.get("LOCAL_RANK")
+    torch.cuda.set_device(int(local) if local is not None else rank % torch.cuda.device_count())
+
+
+def node_main(
+    master_addr: str,
+    store_port: int,
+    rank: int,
+    bind_host: str | None = None,
+    timeout: float = 300.0,
+    world_size: int | None = None,
+) -> None:
     """Join the collector whose TCPStore is at ``master_addr:store_port`` as node ``rank`` (>= 1).
 
     Returns when the trainer closes the node (or goes away). Errors of the worker are sent to
-    the trainer; only failures to connect are raised here.
+    the trainer; only failures to connect are raised here, and a trainer that turns the node
+    away (a rank out of range or already taken, a wrong ``world_size``) ends it with
+    ``SystemExit`` and the trainer's reason.
     """
     import multiprocessing
 
@@ -184,15 +240,21 @@ def node_main(master_addr: str, store_port: int, rank: int, bind_host: str | Non
     lock = threading.Lock()
     host = sock.getsockname()[0]
     try:
-        send_frame(sock, Hello(rank, token, os.getpid(), host, socket.gethostname()), lock)
-        setup: Setup = recv_frame(sock)
-        pg = pair_group(store, setup.prefix, 1, setup.backend, host, setup.timeout)
-        channel = NodeChannel(sock, pg, setup)
+        send_frame(sock, Hello(rank, token, os.getpid(), host, socket.gethostname(), world_size), lock)
+        setup = recv_frame(sock)
+        if isinstance(setup, Reject):
+            raise SystemExit(
+                f"aiocollect node: the trainer at {master_addr}:{store_port} turned RANK={rank} away: {setup.reason}"
+            )
+        if setup.backend == "nccl":
+            _pick_cuda_device(rank)
+        channel = NodeChannel(sock, pair_group(store, setup.prefix, 1, setup.backend, host, setup.timeout), setup)
         module, _, name = setup.worker_main.partition(":")
         try:
             getattr(importlib.import_module(module), name)(channel, setup.spec)
         finally:
             channel.close()
+            del channel
     except (EOFError, ConnectionError):
         return  # the trainer went away: nothing is waiting for this node any more
     finally:
@@ -206,15 +268,31 @@ def node_main(master_addr: str, store_port: int, rank: int, bind_host: str | Non
 def main_from_env() -> None:
     """Run a node from torchrun-style variables: ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``.
 
+    ``WORLD_SIZE`` (optional) is checked by the trainer: the number of nodes plus one.
     ``AIOCOLLECT_NODE_ADDR`` optionally names the local address to connect from.
     """
-    missing = [k for k in ("MASTER_ADDR", "MASTER_PORT", "RANK") if k not in os.environ]
+    example = "e.g. MASTER_ADDR=10.0.0.1 MASTER_PORT=29500 RANK=1 python -m aiocollect.node"
+    missing = [k for k in ("MASTER_ADDR", "MASTER_PORT", "RANK") if not os.environ.get(k)]
     if missing:
         raise SystemExit(
             f"aiocollect node: set {', '.join(missing)} (the trainer's address, its tcp_port and this node's "
-            "rank, 1 or more), e.g. MASTER_ADDR=10.0.0.1 MASTER_PORT=29500 RANK=1 python -m aiocollect.node"
+            f"rank, 1 or more), {example}"
         )
-    rank = int(os.environ["RANK"])
-    if rank < 1:
-        raise SystemExit(f"aiocollect node: RANK must be 1 or more (rank 0 is the trainer), got {rank}")
-    node_main(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), rank, os.environ.get("AIOCOLLECT_NODE_ADDR"))
+    ints = {}
+    for key in ("MASTER_PORT", "RANK", "WORLD_SIZE"):
+        value = os.environ.get(key)
+        if value is None:
+            continue
+        try:
+            ints[key] = int(value)
+        except ValueError:
+            raise SystemExit(f"aiocollect node: {key} must be an integer, got {value!r}; {example}") from None
+    if ints["RANK"] < 1:
+        raise SystemExit(f"aiocollect node: RANK must be 1 or more (rank 0 is the trainer), got {ints['RANK']}")
+    node_main(
+        os.environ["MASTER_ADDR"],
+        ints["MASTER_PORT"],
+        ints["RANK"],
+        os.environ.get("AIOCOLLECT_NODE_ADDR"),
+        world_size=ints.get("WORLD_SIZE"),
+    )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import subprocess
 import threading
 from typing import Any
 
@@ -19,13 +20,16 @@ LAUNCHERS = ("mp", "submitit", "external")
 #: TorchRL's SLURM defaults, which ``slurm_kwargs`` update.
 DEFAULT_SLURM_CONF = {"timeout_min": 10, "slurm_partition": "train", "cpus_per_task": 32, "gpus_per_node": 0}
 
+#: Seconds a submitit local job may take to end after its node did (or after a cancel).
+LOCAL_EXIT_GRACE = 5.0
+
 
 class Launcher:
     """Starts node ``rank`` running ``node_main(master_addr, store_port, rank, bind_host)``."""
 
     can_kill = True
 
-    def launch(self, rank: int, args: tuple[Any, ...]) -> None:  # noqa: B027 - external: nothing to do
+    def launch(self, rank: int, args: tuple[Any, ...]) -> None:
         """Start the node with rank ``rank`` (``args`` are `node_main`'s)."""
 
     def sentinel(self, rank: int) -> int | None:
@@ -143,28 +147,54 @@ class SubmititLauncher(Launcher):
     def kill(self, rank: int) -> None:
         job = self._jobs.get(rank)
         if job is not None:
-            try:
-                job.cancel(check=False)
-            except Exception:  # noqa: S110 - the job may have ended meanwhile
-                pass
+            self._cancel(job)
+
+    @staticmethod
+    def _cancel(job: Any) -> None:
+        try:
+            job.cancel(check=False)  # local executor: SIGINT, its controller then ends the node
+        except Exception:
+            pass
+
+    @staticmethod
+    def _controller(job: Any) -> subprocess.Popen[bytes] | None:
+        # The local executor's controller process (submitit has no public handle for it); a
+        # SLURM job has none, and the scheduler cleans up after it.
+        return getattr(job, "_process", None)
 
     def reap(self, rank: int, timeout: float) -> None:
-        import time
-
-        job = self._jobs.get(rank)
+        job = self._jobs.pop(rank, None)
         if job is None:
             return
-        deadline = time.monotonic() + timeout
-        while not job.done() and time.monotonic() < deadline:
-            time.sleep(0.1)  # submitit has no blocking wait with a timeout (shutdown only)
-        if not job.done():
-            self.kill(rank)
-        self._jobs.pop(rank, None)
+        proc = self._controller(job)
+        if proc is None:
+            if not job.done():
+                self._cancel(job)
+            return
+        # A local job outlives its node by the result pickle, the interpreter's exit and the
+        # controller's next poll: give it that long before cancelling it.
+        self._wait(job, proc, timeout + LOCAL_EXIT_GRACE)
+
+    def _wait(self, job: Any, proc: subprocess.Popen[bytes], timeout: float) -> None:
+        try:
+            proc.wait(timeout)
+            return
+        except subprocess.TimeoutExpired:
+            self._cancel(job)
+        try:
+            proc.wait(LOCAL_EXIT_GRACE)  # the controller sends SIGINT, then SIGKILL after 1 s
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
     def close(self) -> None:
-        for rank in list(self._jobs):
-            self.kill(rank)
-        self._jobs.clear()
+        jobs, self._jobs = dict(self._jobs), {}
+        for job in jobs.values():
+            self._cancel(job)
+        for job in jobs.values():
+            proc = self._controller(job)
+            if proc is not None:
+                self._wait(job, proc, LOCAL_EXIT_GRACE)
 
 
 def make_launcher(options: dict[str, Any]) -> Launcher:

@@ -38,6 +38,7 @@ __all__ = [
     "Hello",
     "NodePid",
     "Preempt",
+    "Reject",
     "Setup",
     "Stop",
     "flat_views",
@@ -61,6 +62,14 @@ class Hello:
     pid: int
     host: str  # the node's address as the trainer sees it (also where its data socket binds)
     hostname: str
+    world_size: int | None = None  # torchrun's WORLD_SIZE where the node was given one
+
+
+@dataclass(frozen=True)
+class Reject:
+    """Trainer -> node, instead of `Setup`: why this node cannot join (it exits with the reason)."""
+
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -111,7 +120,7 @@ class NodePid(int):
     def __str__(self) -> str:
         return f"{int(self)} on {self.host}, rank {self.rank}"
 
-    __format__ = lambda self, spec: str(self) if not spec else int.__format__(self, spec)  # noqa: E731
+    __format__ = lambda self, spec: str(self) if not spec else int.__format__(self, spec)
 
     def __reduce__(self) -> Any:
         return (NodePid, (int(self), self.host, self.rank))

@@ -1,0 +1,295 @@
+"""DistributedCollector and DistributedSyncCollector on real gloo process groups (loopback only).
+
+Nodes are local processes (``launcher="mp"``) that reach the trainer over loopback; where a
+test wants "a node on another host", nodes connect from distinct loopback addresses
+(127.0.0.2, 127.0.0.3). The autouse fixtures fail a test that leaves a process, thread, fd
+or shared-memory segment behind, or that opens a socket outside loopback.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from functools import partial
+
+import anyio
+import pytest
+import torch
+from tensordict.nn import TensorDictModule
+
+from aiocollect import (
+    DistributedCollector,
+    DistributedSyncCollector,
+    ReplayBuffer,
+    WorkerCrashedError,
+    WorkerError,
+    WorkerTimeoutError,
+)
+from aiocollect.testing import CountingEnv, FailingEnv, HangingEnv, ScriptedPolicy
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+
+HOSTS = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
+WORKER_ID, TRAJ, VERSION = ("collector", "worker_id"), ("collector", "traj_ids"), ("collector", "policy_version")
+
+
+def scripted(weight: float = 1.0) -> TensorDictModule:
+    return TensorDictModule(ScriptedPolicy(weight), ["observation"], ["action"])
+
+
+def kw(n: int = 2, **extra: object) -> dict[str, object]:
+    """Arguments every test shares: local nodes, each connecting from its own loopback address."""
+    return {"launcher": "mp", "node_hosts": HOSTS[:n], "shutdown_timeout": 5.0, **extra}
+
+
+def counting(first_index: int = 0) -> CountingEnv:
+    return CountingEnv(1, episode_length=7, first_index=first_index)
+
+
+@pytest.mark.all_backends
+async def test_sync_gathers_every_nodes_share_with_global_ids(loopback_only) -> None:
+    fns = [partial(counting, 0), partial(counting, 10)]
+    with anyio.fail_after(60):
+        async with DistributedCollector(fns, scripted(), frames_per_batch=40, total_frames=120, sync=True, **kw()) as c:
+            batches = [b async for b in c]
+            loopback_only.check()
+    assert [b.shape for b in batches] == [torch.Size([2, 1, 20])] * 3
+    for b in batches:
+        # Row n came from node n: its env index says so, and so do the ids.
+        assert (b["observation"][0, ..., 0] == 0).all() and (b["observation"][1, ..., 0] == 10).all()
+        assert b[WORKER_ID][0].unique().tolist() == [0] and b[WORKER_ID][1].unique().tolist() == [1]
+        assert (b[TRAJ][0] % 2 == 0).all() and (b[TRAJ][1] % 2 == 1).all()
+        assert (b[VERSION] == 0).all()
+    traj = torch.cat([b[TRAJ][n].flatten() for b in batches for n in range(2)])
+    episodes = torch.cat([b["observation"][n, ..., 1].flatten() + 100 * n for b in batches for n in range(2)])
+    # One trajectory id per (node, episode), never shared between nodes.
+    assert len(set(zip(traj.tolist(), episodes.tolist()))) == len(traj.unique())
+    assert c.stats().frames == 120
+    # A clean shutdown is a clean exit: no node ended by a signal (an abort at exit included).
+    assert [c._transport._launcher.exitcode(r) for r in (1, 2)] == [0, 0]
+
+
+@pytest.mark.parametrize("collector_class", ["sync", "async"])
+async def test_async_nodes_running_multi_collectors_have_distinct_worker_ids(collector_class: str) -> None:
+    with anyio.fail_after(90):
+        async with DistributedCollector(
+            [partial(counting, 0)] * 3, scripted(), frames_per_batch=16, total_frames=16 * 12, sync=False,
+            collector_class=collector_class, num_workers_per_collector=2, **kw(3),
+        ) as c:  # fmt: skip
+            batches = [b async for b in c]
+    assert all(b.numel() == 16 for b in batches) and sum(b.numel() for b in batches) == 16 * 12
+    workers = torch.cat([b[WORKER_ID].flatten() for b in batches])
+    traj = torch.cat([b[TRAJ].flatten() for b in batches])
+    assert set(workers.tolist()) <= set(range(6)) and len(set(workers.tolist())) >= 3
+    owners: dict[int, set[int]] = {}
+    for t, w in zip(traj.tolist(), workers.tolist(), strict=True):
+        owners.setdefault(t, set()).add(w)
+    assert all(len(ws) == 1 for ws in owners.values()), "a trajectory id was used by two workers"
+
+
+async def test_distributed_sync_collector_runs_endlessly_and_stops_fast_on_break() -> None:
+    with anyio.fail_after(60):
+        c = DistributedSyncCollector(
+            [counting] * 2, scripted(), frames_per_batch=32, total_frames=-1,
+            collector_class="sync", num_workers_per_collector=2, **kw(),
+        )  # fmt: skip
+        async with c:
+            n = 0
+            async for b in c:
+                assert b.shape == torch.Size([2, 2, 1, 8])
+                n += 1
+                if n == 4:
+                    break
+            start = time.perf_counter()
+        closed = time.perf_counter() - start
+    assert closed < 2.0, f"shutdown took {closed:.2f}s"
+    assert c.stats().frames == 4 * 32
+
+
+async def test_weight_updates_are_acknowledged_and_used_by_every_node() -> None:
+    policy = scripted(1.0)
+    with anyio.fail_after(60):
+        async with DistributedCollector(
+            [counting] * 2, policy, frames_per_batch=20, total_frames=-1, sync=True, **kw()
+        ) as c:
+            first = await c.__anext__()
+            assert (first["action"][first["observation"][..., 2] > 0] == 1).all()
+            with torch.no_grad():
+                policy.module.weight.fill_(-1.0)
+            await c.update_policy_weights_()
+            after = await c.__anext__()
+    assert (after[VERSION] == 1).all()
+    # Weight -1 turns every action with a positive observation sum into 0, on both nodes.
+    assert (after["action"][after["observation"][..., 2] > 0] == 0).all()
+
+
+async def test_async_update_after_each_batch_reaches_the_delivering_node() -> None:
+    policy = scripted(1.0)
+    with anyio.fail_after(60):
+        async with DistributedCollector(
+            [counting] * 2, policy, frames_per_batch=10, total_frames=10 * 12, sync=False,
+            update_after_each_batch=True, **kw(),
+        ) as c:  # fmt: skip
+            versions = []
+            async for b in c:
+                versions.append(int(b[VERSION].max()))
+    assert versions[-1] > 0, "no batch was collected with updated weights"
+    assert c.stats().policy_version >= 12 - 1
+
+
+async def test_a_raising_node_is_reported_with_rank_host_and_traceback() -> None:
+    fns = [counting, partial(FailingEnv, 1, 5)]
+    start = time.perf_counter()
+    with anyio.fail_after(60), pytest.raises(WorkerError) as info:
+        async with DistributedCollector(fns, scripted(), frames_per_batch=20, total_frames=-1, sync=True, **kw()) as c:
+            async for _ in c:
+                pass
+    err = info.value
+    assert err.worker_id == 1
+    assert "rank 2" in str(err) and "127.0.0.3" in str(err)
+    assert "FailingEnv failed at step 5" in str(err)
+    assert isinstance(err.__cause__, ValueError)
+    assert "testing.py" in str(err.__cause__.__cause__)  # the node's own traceback
+    assert time.perf_counter() - start < 30
+
+
+async def test_a_killed_node_surfaces_as_worker_crashed_error() -> None:
+    with anyio.fail_after(60), pytest.raises(WorkerCrashedError) as info:
+        async with DistributedCollector(
+            [counting] * 2, scripted(), frames_per_batch=10, total_frames=-1, sync=False, **kw()
+        ) as c:
+            await c.__anext__()
+            pid = c._worker_pids()[1]
+            os.kill(int(pid), signal.SIGKILL)
+            killed = time.perf_counter()
+            async for _ in c:
+                pass
+    assert info.value.worker_id == 1 and "SIGKILL" in str(info.value)
+    assert time.perf_counter() - killed < 5
+
+
+async def test_a_killed_node_is_restarted_and_collection_goes_on() -> None:
+    with anyio.fail_after(90):
+        async with DistributedCollector(
+            [counting] * 2, scripted(), frames_per_batch=10, total_frames=200, sync=True, restart_nodes=1, **kw()
+        ) as c:
+            await c.__anext__()
+            old = c._worker_pids()[1]
+            os.kill(int(old), signal.SIGKILL)
+            rest = [b async for b in c]
+            new = c._worker_pids()[1]
+    assert new != old and "127.0.0.3" in str(new)  # the same rank, on its own address again
+    assert sum(b.numel() for b in rest) == 190 and all(b[WORKER_ID][1].unique().tolist() == [1] for b in rest)
+    assert c.stats().frames == 200 and c.stats().restarts == 1
+
+
+async def test_a_node_that_stops_answering_is_caught_by_worker_timeout() -> None:
+    with anyio.fail_after(60), pytest.raises(WorkerTimeoutError) as info:
+        async with DistributedCollector(
+            [counting, partial(HangingEnv, 1, 30)], scripted(), frames_per_batch=10, total_frames=-1, sync=True,
+            worker_timeout=1.5, **kw(),
+        ) as c:  # fmt: skip
+            async for _ in c:
+                pass
+    assert info.value.worker_id == 1
+
+
+async def test_a_stopped_node_process_is_caught_and_killed_at_shutdown() -> None:
+    with anyio.fail_after(60), pytest.raises(WorkerTimeoutError):
+        async with DistributedCollector(
+            [counting] * 2, scripted(), frames_per_batch=10, total_frames=-1, sync=True, worker_timeout=1.5, **kw()
+        ) as c:
+            await c.__anext__()
+            os.kill(int(c._worker_pids()[0]), signal.SIGSTOP)
+            async for _ in c:
+                pass
+
+
+async def test_set_seed_makes_cartpole_collection_reproducible() -> None:
+    async def run() -> torch.Tensor:
+        async with DistributedCollector(
+            ["CartPole-v1"] * 2, None, frames_per_batch=32, total_frames=64, sync=True, **kw()
+        ) as c:
+            c.set_seed(7)
+            return torch.cat([b["observation"] async for b in c])
+
+    with anyio.fail_after(90):
+        a, b = await run(), await run()
+    assert torch.equal(a, b)
+    assert not torch.equal(a[:, 0], a[:, 1]), "both nodes produced the same data: seeds are not per node"
+
+
+async def test_state_dict_round_trip_keeps_frames_and_weights() -> None:
+    policy = scripted(1.0)
+    with anyio.fail_after(90):
+        async with DistributedCollector(
+            [counting] * 2, policy, frames_per_batch=20, total_frames=60, sync=True, **kw()
+        ) as c:
+            await c.__anext__()
+            with torch.no_grad():
+                policy.module.weight.fill_(-1.0)
+            await c.update_policy_weights_()
+            state = c.state_dict()
+        fresh = scripted(1.0)
+        d = DistributedCollector([counting] * 2, fresh, frames_per_batch=20, total_frames=60, sync=True, **kw())
+        d.load_state_dict(state)  # before start: nodes start from the loaded weights and version
+        async with d:
+            rest = [b async for b in d]
+    assert len(rest) == 2 and fresh.module.weight.item() == -1.0
+    assert all((b[VERSION] == 1).all() for b in rest)
+    assert all((b["action"][b["observation"][..., 2] > 0] == 0).all() for b in rest)
+
+
+async def test_replay_buffer_receives_node_batches() -> None:
+    rb = ReplayBuffer(capacity=1000)
+    with anyio.fail_after(60):
+        async with DistributedCollector(
+            [counting] * 2, scripted(), frames_per_batch=20, total_frames=100, sync=False, replay_buffer=rb, **kw()
+        ) as c:
+            got = [b async for b in c]
+    assert got == [None] * 5
+    assert len(rb) == 100
+    sample = await rb.sample(10)
+    assert set(sample[WORKER_ID].flatten().tolist()) <= {0, 1}
+
+
+async def test_two_collectors_at_once_never_collide() -> None:
+    async def run(results: list[int]) -> None:
+        async with DistributedCollector(
+            [counting] * 2, scripted(), frames_per_batch=10, total_frames=40, sync=True, launcher="mp"
+        ) as c:
+            results.append(sum([b.numel() async for b in c]))
+
+    results: list[int] = []
+    with anyio.fail_after(90):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run, results)
+            tg.start_soon(run, results)
+    assert results == [40, 40]
+
+
+async def test_trainer_loop_is_never_blocked_while_waiting() -> None:
+    gaps: list[float] = []
+    done = anyio.Event()
+
+    async def heartbeat() -> None:
+        last = time.perf_counter()
+        while not done.is_set():
+            await anyio.sleep(0.005)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            async with DistributedCollector(
+                ["CartPole-v1"] * 2, None, frames_per_batch=200, total_frames=4000, sync=False, **kw()
+            ) as c:
+                await c.__anext__()  # start-up (process launch) is not the steady state
+                tg.start_soon(heartbeat)
+                async for _ in c:
+                    pass
+                done.set()
+    gaps.sort()
+    assert gaps[int(len(gaps) * 0.99)] < 0.05, f"p99 loop gap {gaps[int(len(gaps) * 0.99)] * 1e3:.1f} ms"
