@@ -32,6 +32,7 @@ __all__ = ["DistributedCollector", "DistributedSyncCollector"]
 
 class _DistributedBase(MultiCollectorBase):
     _gather: bool  # every node's share is gathered into one batch
+    _worker_noun = "nodes"
 
     def __init__(
         self,
@@ -281,7 +282,8 @@ _ARGS_DOC = """
             crash is raised (launchers ``"mp"`` and ``"submitit"``; external nodes rejoin).
         weight_sync_timeout: Seconds `update_policy_weights_` waits for acknowledgements.
         worker_timeout: Seconds a busy node may go without progress before `WorkerTimeoutError`.
-        join_timeout: Seconds a node may take to join.
+        join_timeout: Seconds a node may take to join and get ready (build its collector and
+            collect its first batch, which gives the trainer the batch layout).
         shutdown_timeout: Seconds each node gets to exit before it is killed.
         **others: ``policy_factory``, devices, ``max_frames_per_traj``, ``init_random_frames``
             (split across nodes), ``reset_at_each_iter``, ``postproc``, ``split_trajs``,

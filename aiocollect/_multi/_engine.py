@@ -43,6 +43,8 @@ __all__ = ["SLOTS", "MultiCollectorBase"]
 class MultiCollectorBase(CollectorLifecycle):
     """What `MultiSyncCollector` and `MultiAsyncCollector` share (not public)."""
 
+    _worker_noun = "workers"  # what errors call the units the transport runs
+
     def _init_multi(self, mc: MultiConfig, policy: Any, replay_buffer: Any, **traj_args: Any) -> None:
         self._mc, self._cfg = mc, mc.cfg
         self._transport_class = get_transport(mc.backend)
@@ -363,7 +365,7 @@ class MultiCollectorBase(CollectorLifecycle):
             return
         late = [w for w in live if pump.acked[w] < version and pump.alive[w]]
         raise TimeoutError(
-            f"workers {late} did not apply policy version {version} within weight_sync_timeout="
+            f"{self._worker_noun} {late} did not apply policy version {version} within weight_sync_timeout="
             f"{self._mc.weight_sync_timeout}s; raise weight_sync_timeout or make batches shorter"
         )
 

@@ -312,6 +312,7 @@ class DistributedTransport(Transport):
     # -- life --------------------------------------------------------------------------------
     async def start(self, w: int, spec: bytes) -> Any:
         node, rank, opts = self._nodes[w], w + 1, self.options
+        deadline = anyio.current_time() + opts["join_timeout"]
         if opts["launcher"] != "external":
             hosts = opts["node_hosts"]
             args = (
@@ -342,18 +343,27 @@ class DistributedTransport(Transport):
             target=self._read, args=(w, node, setup), name=f"aiocollect-node-{rank}", daemon=True
         )
         node.reader.start()
-        while True:
-            await self._notifier.wait_until(lambda: bool(node.events))
-            with self._notifier.lock:
-                event = node.events.popleft()
-            if isinstance(event, Ready):
-                return event.layout
-            if isinstance(event, Failed):
-                raise worker_error_from_message(w, self.pid(w), event)
-            if isinstance(event, Exited):
-                code = await self._exitcode(w)
-                raise WorkerCrashedError(w, self.pid(w), code, during_startup=True)
-            raise RuntimeError(f"node {w} sent {event!r} during start-up")  # pragma: no cover - a protocol bug
+        # Joining and getting ready share the deadline: a node that hangs while it builds its
+        # collector (or collects the first batch that tells the trainer its layout) never
+        # holds the trainer's start-up forever.
+        with anyio.move_on_at(deadline):
+            while True:
+                await self._notifier.wait_until(lambda: bool(node.events))
+                with self._notifier.lock:
+                    event = node.events.popleft()
+                if isinstance(event, Ready):
+                    return event.layout
+                if isinstance(event, Failed):
+                    raise worker_error_from_message(w, self.pid(w), event)
+                if isinstance(event, Exited):
+                    code = await self._exitcode(w)
+                    raise WorkerCrashedError(w, self.pid(w), code, during_startup=True)
+                raise RuntimeError(f"node {w} sent {event!r} during start-up")  # pragma: no cover - a protocol bug
+        raise TimeoutError(
+            f"node {w} (pid {self.pid(w)}) joined but was not ready within join_timeout={opts['join_timeout']}s: in that "
+            "time a node builds its collector and collects its first batch (its layout); raise join_timeout for "
+            "slow envs or large batches"
+        )
 
     def _read(self, w: int, node: _Node, setup: Setup) -> None:
         """The node's reader thread: records in, batches into the receive slots, the loop woken."""

@@ -138,6 +138,32 @@ async def test_async_update_after_each_batch_reaches_the_delivering_node() -> No
     assert c.stats().policy_version >= 12 - 1
 
 
+async def test_an_update_a_busy_node_never_applies_names_that_node() -> None:
+    policy = scripted()
+    fns = [counting, partial(HangingEnv, 1, 8)]  # node 1 blocks in its second batch
+    with anyio.fail_after(60):
+        async with DistributedCollector(
+            fns, policy, frames_per_batch=5, total_frames=-1, sync=False, worker_timeout=None,
+            weight_sync_timeout=1.0, **kw(),
+        ) as c:  # fmt: skip
+            await c.__anext__()
+            with pytest.raises(TimeoutError, match=r"^nodes \[1\] did not apply policy version 1 within"):
+                await c.update_policy_weights_()
+            # Node 0 applied the update and goes on with it (node 1 may still hand over
+            # what it collected before it hung).
+            later = [await c.__anext__() for _ in range(4)]
+    assert any((b[WORKER_ID] == 0).all() and (b[VERSION] == 1).all() for b in later)
+
+
+async def test_a_node_that_hangs_before_it_is_ready_fails_start_up_within_join_timeout() -> None:
+    fns = [counting, partial(HangingEnv, 1, 2)]  # node 1 blocks in the batch that gives its layout
+    start = time.perf_counter()
+    with anyio.fail_after(60), pytest.raises(TimeoutError, match=r"^node 1 \(pid \d+ on .*rank 2\) joined but was not"):
+        async with DistributedCollector(fns, scripted(), frames_per_batch=5, sync=False, join_timeout=8.0, **kw()):
+            pass
+    assert time.perf_counter() - start < 20  # the deadline, then a bounded shutdown
+
+
 async def test_a_raising_node_is_reported_with_rank_host_and_traceback() -> None:
     fns = [counting, partial(FailingEnv, 1, 5)]
     start = time.perf_counter()
