@@ -5,6 +5,8 @@ from __future__ import annotations
 import ipaddress
 import socket
 import threading
+from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -18,8 +20,29 @@ def _is_loopback(addr: str) -> bool:
     return ip.is_loopback or ip.is_unspecified
 
 
+def _resolvers() -> set[str]:
+    try:
+        lines = Path("/etc/resolv.conf").read_text().splitlines()
+    except OSError:
+        return set()
+    return {line.split()[1] for line in lines if line.startswith("nameserver") and len(line.split()) > 1}
+
+
+_RESOLVERS = _resolvers()
+
+
+def _name_lookup(c: Any) -> bool:
+    # torch's c10d formats every store connection's address with getnameinfo() for its logs:
+    # a reverse lookup of ::ffff:127.0.0.1 that /etc/hosts cannot answer goes to the system
+    # resolver. That is name resolution by libc, not traffic of the collector.
+    return c.type == socket.SOCK_DGRAM and bool(c.raddr) and c.raddr.port == 53 and c.raddr.ip in _RESOLVERS
+
+
 def outside_loopback() -> list[str]:
-    """Inet sockets of this process tree whose local or remote address is not loopback."""
+    """Inet sockets of this process tree whose local or remote address is not loopback.
+
+    Datagram sockets to the system's DNS resolvers are not counted (see `_name_lookup`).
+    """
     me = psutil.Process()
     bad = []
     for proc in [me, *me.children(recursive=True)]:
@@ -28,6 +51,8 @@ def outside_loopback() -> list[str]:
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
         for c in conns:
+            if _name_lookup(c):
+                continue
             for end in (c.laddr, c.raddr):
                 if end and not _is_loopback(end.ip):
                     bad.append(f"pid {proc.pid}: {c.laddr} -> {c.raddr} ({c.status})")

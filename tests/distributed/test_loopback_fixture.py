@@ -32,3 +32,17 @@ def test_audit_is_quiet_on_loopback() -> None:
         s.bind(("127.0.0.1", 0))
         s.listen()
         assert outside_loopback() == []
+
+
+def test_audit_ignores_only_dns_datagrams_to_the_system_resolvers(monkeypatch) -> None:  # noqa: ANN001
+    import _net
+
+    monkeypatch.setattr(_net, "_RESOLVERS", {"192.0.2.53"})
+    with (
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as dns,
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as other,
+    ):
+        dns.connect(("192.0.2.53", 53))  # a UDP connect sends nothing
+        other.connect(("192.0.2.53", 54))
+        seen = outside_loopback()
+    assert seen and all("port=54" in v for v in seen)
