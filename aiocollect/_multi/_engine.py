@@ -110,9 +110,14 @@ class MultiCollectorBase(CollectorLifecycle):
         self._saved_threads = torch.get_num_threads()
         torch.set_num_threads(self._mc.num_threads or max(1, self._saved_threads - self._num_workers))
         self._update_lock = anyio.Lock()
-        transport = self._transport = self._transport_class(
-            self._num_workers, self._mc.transport_options, self._weights_layout
-        )
+
+        def build() -> Transport:
+            # Off the loop: a transport may open a store or resolve names while it is built.
+            # Assigned in the thread, so a cancelled start still closes what was built.
+            self._transport = self._transport_class(self._num_workers, self._mc.transport_options, self._weights_layout)
+            return self._transport
+
+        transport = await to_thread(build)
         if self._unpublished is not None:
             self._publish(self._unpublished)
         self._pump = Pump(transport, self._on_exit, self._watchdog)

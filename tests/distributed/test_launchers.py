@@ -148,6 +148,7 @@ async def test_submitit_local_executor_runs_nodes_and_cleans_up(tmp_path: Path) 
 async def test_torchrun_job_with_the_trainer_as_rank_0_uses_the_agents_store(tmp_path: Path) -> None:
     out = tmp_path / "seen.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env["TMPDIR"] = str(tmp_path)  # torchrun's log folders go where the test's files go
     for key in ("RANK", "WORLD_SIZE", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"):
         env.pop(key, None)
     cmd = [
