@@ -39,6 +39,7 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 TINY_ARGS: dict[str, list[str]] = {
     "ppo_cartpole.py": ["--total-frames", "1024", "--num-envs", "2", "--frames-per-batch", "256", "--update-epochs", "1"],
     "dqn_multiasync.py": ["--total-frames", "2048", "--learning-starts", "512", "--eval-frequency", "1024"],
+    "distributed_train.py": ["--total-frames", "1024", "--num-envs", "2", "--frames-per-batch", "256", "--update-epochs", "1"],
     "ppo_multisync.py": ["--total-frames", "1024", "--num-envs", "2", "--frames-per-batch", "256", "--update-epochs", "1"],
 }
 
