@@ -245,9 +245,7 @@ async def main(args: Args) -> None:
             # Learning is CPU-bound: run it in a thread so the event loop stays responsive.
             gamma, lmbda = args.gamma, args.gae_lambda
             await anyio.to_thread.run_sync(compute_gae, batch, critic, gamma, lmbda)
-            losses = await anyio.to_thread.run_sync(
-                ppo_update, args, batch, actor, critic, optimizer
-            )
+            losses = await anyio.to_thread.run_sync(ppo_update, args, batch, actor, critic, optimizer)
             await collector.update_policy_weights_()  # returns once every node applied them
             policy_version += 1
 
