@@ -174,6 +174,10 @@ class Collector(CollectorLifecycle):
     def _stop_requested(self) -> None:
         self._lane.stop.set()
 
+    def _activity(self) -> int:
+        rollout = self._rollout
+        return self._batches + (rollout.steps_done if rollout is not None else 0)
+
     async def _close_resources(self) -> None:
         env, self._env, self._rollout = self._env, None, None
         timeout = self._cfg.shutdown_timeout

@@ -298,6 +298,13 @@ class CollectorLifecycle(BackgroundMixin, BatchPipeline):
             raise TypeError("len() is undefined for an endless collector (total_frames=-1)")
         return math.ceil(total / self._frames_per_batch)
 
+    def _activity(self) -> int:
+        """A count that grows while the collector works: env steps where it can tell, else batches.
+
+        Read from other threads (a collection node's heartbeat), so it only reads attributes.
+        """
+        return self._batches
+
     def _repr_extra(self) -> str:
         return f"pid {os.getpid()}"
 

@@ -119,13 +119,23 @@ class WorkerTimeoutError(WorkerError):
         seconds: How long it had made no progress.
     """
 
-    def __init__(self, worker_id: int, pid: int | None, step: int, seconds: float, timeout: float, state: str) -> None:
+    def __init__(
+        self,
+        worker_id: int,
+        pid: int | None,
+        step: int,
+        seconds: float,
+        timeout: float,
+        state: str,
+        restart_arg: str = "restart_workers",
+    ) -> None:
         self.seconds = seconds
+        unit = restart_arg.removeprefix("restart_")
         AiocollectError.__init__(
             self,
             f"worker {worker_id} (pid {pid}) made no progress for {seconds:.1f}s (worker_timeout={timeout:g}) "
-            f"after step {step}: {state}; raise worker_timeout (None disables it) or set restart_workers "
-            "to restart stalled workers",
+            f"after step {step}: {state}; raise worker_timeout (None disables it) or set {restart_arg} "
+            f"to restart stalled {unit}",
         )
         self.worker_id, self.pid, self.step, self.others = worker_id, pid, step, ()
 

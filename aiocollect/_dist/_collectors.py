@@ -32,7 +32,9 @@ __all__ = ["DistributedCollector", "DistributedSyncCollector"]
 
 class _DistributedBase(MultiCollectorBase):
     _gather: bool  # every node's share is gathered into one batch
+    _asked: bool  # nodes collect only when asked (weights then go out before each batch)
     _worker_noun = "nodes"
+    _restart_arg = "restart_nodes"
 
     def __init__(
         self,
@@ -91,7 +93,8 @@ class _DistributedBase(MultiCollectorBase):
             max_weight_update_interval=max_weight_update_interval, update_interval=update_interval,
             init_random_frames=init_random_frames, max_frames_per_traj=max_frames_per_traj,
             reset_at_each_iter=reset_at_each_iter, exploration_type=exploration_type, transport_options=transport,
-            gather=self._gather, policy=policy, policy_factory=policy_factory, num_threads=num_threads,
+            gather=self._gather, on_demand=self._asked, policy=policy, policy_factory=policy_factory,
+            num_threads=num_threads,
             restart_workers=restart_nodes, weight_sync_timeout=weight_sync_timeout, worker_timeout=worker_timeout,
             device=device, env_device=env_device, policy_device=policy_device, storing_device=storing_device,
             postproc=postproc, split_trajs=split_trajs, total_frames=total_frames, max_queued_batches=max_queued_batches,
@@ -271,8 +274,9 @@ _ARGS_DOC = """
         slurm_kwargs: submitit parameters, over TorchRL's defaults (10 min, partition
             ``train``, 32 CPUs, no GPU).
         submitit_folder: Where submitit keeps its job files and node logs.
-        update_after_each_batch: Send new weights after each batch: to every node before
-            it (gathering), or to the node that delivered it (``sync=False``).
+        update_after_each_batch: Send new weights with every batch: to every node before
+            it is collected (``sync=True``), to the node that delivered it (``sync=False``),
+            or to every node once it is gathered (`DistributedSyncCollector`).
         max_weight_update_interval: Send weights to a node once it delivered more than this
             many batches without an update (``-1``: never).
         update_interval: Send weights to every node every this many batches (``None``: never).
@@ -317,7 +321,7 @@ class DistributedCollector(_DistributedBase):
         from .._core._validate import check_bool
 
         check_bool("sync", sync)
-        self._gather = sync
+        self._gather = self._asked = sync
         super().__init__(create_env_fn, policy, **kwargs)
 
     async def _collect_one(self) -> TensorDictBase | None:
@@ -347,6 +351,7 @@ class DistributedSyncCollector(_DistributedBase):
     """
 
     _gather = True
+    _asked = False
 
     def __init__(
         self, create_env_fn: Any, policy: Any = None, *, update_interval: int | None = 1, **kwargs: Any

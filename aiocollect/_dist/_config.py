@@ -70,9 +70,14 @@ def resolve_dist_config(
     exploration_type: Any,
     transport_options: dict[str, Any],
     gather: bool,
+    on_demand: bool,
     **engine: Any,
 ) -> DistConfig:
-    """Validate a distributed collector's arguments (``engine`` goes to `resolve_multi_config`)."""
+    """Validate a distributed collector's arguments (``engine`` goes to `resolve_multi_config`).
+
+    ``gather``: every node's share is stacked into one batch; ``on_demand``: nodes collect only
+    when asked (the engine then sends weights before each batch, not after it).
+    """
     from .._workers._distributed import DistributedTransport
 
     if isinstance(create_env_fn, (list, tuple)):
@@ -137,7 +142,7 @@ def resolve_dist_config(
     }  # fmt: skip
     mc = resolve_multi_config(
         sync=gather, create_env_fn=fns, num_workers=None, frames_per_batch=[node_fpb] * n, cat_results=None,
-        update_at_each_batch=update_after_each_batch and gather, preemptive_threshold=None, num_sub_threads=1,
+        update_at_each_batch=update_after_each_batch and on_demand, preemptive_threshold=None, num_sub_threads=1,
         start_method=None, backend="distributed", create_env_kwargs=None, init_random_frames=None, **common, **engine,
     )  # fmt: skip
     options = DistributedTransport.check_options(

@@ -88,6 +88,8 @@ class _Node:
         self.prefetched: Any = None
         self.slots: list[dict[Any, Any]] = []
         self.versions = [spec.policy_version]  # trainer version of each local policy version
+        self.stopped = False  # the trainer said stop: collect nothing more
+        self._scope: Any = None  # the cancel scope of the batch in progress (on the portal's loop)
 
     def _build(self) -> Any:
         spec = self.spec
@@ -107,6 +109,8 @@ class _Node:
         spec, portal = self.spec, self.portal
         self.channel.setup(spec)
         self.collector = portal.call(self._build)  # type: ignore[arg-type]
+        # The trainer's liveness sees the node's env steps, and a stop ends its batch at once.
+        self.channel.attach_runner(self.collector._activity, self.interrupt)
         if spec.seed is not None:
             self._seed(spec.seed)
         if spec.load_weights:  # updates were published since the trainer pickled the policy
@@ -114,7 +118,9 @@ class _Node:
         self.iterator = self.collector.__aiter__()
         # The first batch tells the trainer the node's layout; it is delivered first (unless
         # a command makes it stale), so it costs nothing.
-        self.prefetched = portal.call(self.iterator.__anext__)
+        self.prefetched = self._next_batch()
+        if self.prefetched is None:
+            return False
         layout = _layout(self.prefetched)
         self.slots = self.channel.output_slots(layout, SLOTS)
         if not self.slots:
@@ -129,6 +135,33 @@ class _Node:
         self.portal.call(self.collector.update_policy_weights_, dict(weights))
         self.versions.append(version)
 
+    def interrupt(self) -> None:
+        """End the batch in progress and collect no more (any thread: the trainer said stop)."""
+        self.stopped = True
+        scope = self._scope
+        if scope is not None:
+            try:
+                self.portal.call(scope.cancel)
+            except RuntimeError:  # the portal is already gone: so is the batch
+                pass
+
+    async def _collect(self) -> Any:
+        from anyio import CancelScope
+
+        with CancelScope() as scope:
+            self._scope = scope
+            if self.stopped:  # set before the scope was visible to `interrupt`
+                scope.cancel()
+            try:
+                return await self.iterator.__anext__()
+            finally:
+                self._scope = None
+        return None  # cancelled by `interrupt`
+
+    def _next_batch(self) -> Any:
+        """The local collector's next batch, or None once the trainer said stop."""
+        return None if self.stopped else self.portal.call(self._collect)
+
     def serve(self) -> None:
         channel, control = self.channel, self.channel.control
         while True:
@@ -136,10 +169,18 @@ class _Node:
             cmd = channel.receive()
             control[BUSY] = 1
             control[PROGRESS] += 1
+            if self.stopped and not isinstance(cmd, Close):
+                # Shutting down: the trainer reads nothing more, but its weight transfers
+                # must still be received, or its sends would wait on this node.
+                if isinstance(cmd, ApplyWeights):
+                    channel.weights()
+                continue
             if isinstance(cmd, Collect):
                 batch, self.prefetched = self.prefetched, None
                 if batch is None:
-                    batch = self.portal.call(self.iterator.__anext__)
+                    batch = self._next_batch()
+                    if batch is None:
+                        continue  # stopped in the middle of the batch
                 self._write(batch, self.slots[cmd.slot])
                 self.batches += 1
                 control[PROGRESS] += 1

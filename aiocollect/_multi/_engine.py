@@ -44,6 +44,7 @@ class MultiCollectorBase(CollectorLifecycle):
     """What `MultiSyncCollector` and `MultiAsyncCollector` share (not public)."""
 
     _worker_noun = "workers"  # what errors call the units the transport runs
+    _restart_arg = "restart_workers"  # the argument that restarts them
 
     def _init_multi(self, mc: MultiConfig, policy: Any, replay_buffer: Any, **traj_args: Any) -> None:
         self._mc, self._cfg = mc, mc.cfg
@@ -208,6 +209,13 @@ class MultiCollectorBase(CollectorLifecycle):
         t = self._transport
         return [None if t is None else t.pid(w) for w in range(self._num_workers)]
 
+    def _activity(self) -> int:
+        t = self._transport
+        if t is None:
+            return self._batches
+        counts = (t.progress(w) for w in range(self._num_workers))
+        return self._batches + sum(p[0] for p in counts if p is not None)
+
     def _repr_extra(self) -> str:
         alive = sum(self._pump.alive) if self._pump is not None else 0
         return f"workers: {alive}/{self._num_workers} alive, {self._restarts} restarted"
@@ -253,7 +261,9 @@ class MultiCollectorBase(CollectorLifecycle):
             transport.kill(w)
             return
         pump.alive[w] = False
-        pump.failures.append(WorkerTimeoutError(w, pid, count, seconds, self._mc.worker_timeout or 0.0, process_state(pid)))
+        pump.failures.append(WorkerTimeoutError(
+            w, pid, count, seconds, self._mc.worker_timeout or 0.0, process_state(pid), self._restart_arg
+        ))
 
     def _stalled_workers(self) -> tuple[int, ...]:
         """Workers that owe work and made no progress for 10 s (or half of ``worker_timeout``)."""

@@ -61,6 +61,8 @@ class Liveness:
 
 def process_state(pid: int | None) -> str:
     """How a silent worker's process looks from outside (Linux ``/proc``), for error messages."""
+    if getattr(pid, "host", None) is not None:  # a collection node's, maybe on another machine
+        return "it is blocked in its env or policy, stopped, or its machine stopped answering"
     try:
         with open(f"/proc/{pid}/stat") as f:
             state = f.read().rsplit(")", 1)[1].split()[0]

@@ -451,7 +451,7 @@ class DistributedTransport(Transport):
         if self._launcher.can_kill:
             self._launcher.kill(w + 1)
         else:
-            self._disconnect(self._nodes[w])  # the node sees end of file and leaves after its batch
+            self._disconnect(self._nodes[w])  # the node sees end of file and leaves after its env step
 
 
 # Nodes whose reader thread could not be joined (a node hung in the middle of sending a

@@ -15,6 +15,7 @@ import queue
 import socket
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -77,6 +78,8 @@ class NodeChannel(WorkerChannel):
             self._weights_flat = flat_buffer(setup.weights_layout, self._device)
             self._weights = flat_views(self._weights_flat, setup.weights_layout)
             self._weights_due = int(setup.weights_follow)
+        self._activity: Callable[[], int] | None = None
+        self._interrupt: Callable[[], None] | None = None
         self._done = threading.Event()
         self._threads = [
             threading.Thread(target=self._read, name="aiocollect-node-reader", daemon=True),
@@ -93,19 +96,35 @@ class NodeChannel(WorkerChannel):
                 if isinstance(msg, Preempt):
                     self.control[PREEMPT] = msg.seq
                 elif isinstance(msg, Stop):
-                    self.control[STOP] = 1
+                    self._stop()
                 else:
                     self._commands.put(msg)
         except (EOFError, OSError):
             # The trainer is gone (or closed us): stop whatever runs and leave.
-            self.control[STOP] = 1
+            self._stop()
             self._commands.put(Close())
+
+    def _stop(self) -> None:
+        self.control[STOP] = 1  # first: a runner that starts a batch after this sees it
+        interrupt = self._interrupt
+        if interrupt is not None:
+            interrupt()
+
+    def _progress(self) -> int:
+        count = int(self.control[PROGRESS])
+        activity = self._activity
+        if activity is not None:
+            try:
+                count += activity()
+            except Exception:
+                pass
+        return count
 
     def _beat(self) -> None:
         last = None
         interval = self._setup.beat_interval
         while not self._done.wait(interval):
-            now = (int(self.control[PROGRESS]), bool(self.control[BUSY]))
+            now = (self._progress(), bool(self.control[BUSY]))
             if now != last:
                 try:
                     send_frame(self._sock, Beat(*now), self._send_lock)
@@ -159,6 +178,11 @@ class NodeChannel(WorkerChannel):
         threads = getattr(spec, "num_sub_threads", None)
         if threads:
             torch.set_num_threads(threads)
+
+    def attach_runner(self, activity: Callable[[], int], interrupt: Callable[[], None]) -> None:
+        self._activity, self._interrupt = activity, interrupt
+        if self.control[STOP]:
+            interrupt()
 
     def batch_ready(self, slot: int) -> None:
         from ._messages import BatchReady

@@ -13,7 +13,7 @@ both and ends with ``transport_class = ...``; see ``docs/workers.md``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Literal
 
 from ._messages import Command, Event
@@ -193,6 +193,15 @@ class WorkerChannel(ABC):
 
     def setup(self, spec: Any) -> None:  # noqa: B027 - optional hook, deliberately empty
         """Prepare the worker's process for its `WorkerSpec` (torch threads, ...); nothing by default."""
+
+    def attach_runner(self, activity: Callable[[], int], interrupt: Callable[[], None]) -> None:  # noqa: B027
+        """Watch a runner that works between commands on its own (a collection node's collector).
+
+        A transport that hosts such runners counts ``activity()`` (it grows with every env
+        step) in the worker's progress, so liveness sees a long batch advance, and calls
+        ``interrupt()`` (from any thread) when the engine says stop, so the batch in progress
+        ends at once. Nothing by default.
+        """
 
     def batch_ready(self, slot: int) -> None:
         """Say that ``slot`` holds a finished batch (a remote transport also ships it here)."""

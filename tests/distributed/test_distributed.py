@@ -47,6 +47,18 @@ def counting(first_index: int = 0) -> CountingEnv:
     return CountingEnv(1, episode_length=7, first_index=first_index)
 
 
+class SlowEnv(CountingEnv):
+    """A `CountingEnv` whose steps take ``delay`` seconds (a slow simulator)."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__(1, episode_length=7)
+        self.delay = delay
+
+    def step(self, action):  # type: ignore[no-untyped-def]
+        time.sleep(self.delay)
+        return super().step(action)
+
+
 @pytest.mark.all_backends
 async def test_sync_gathers_every_nodes_share_with_global_ids(loopback_only) -> None:
     fns = [partial(counting, 0), partial(counting, 10)]
@@ -211,7 +223,7 @@ async def test_a_killed_node_is_restarted_and_collection_goes_on() -> None:
 
 
 async def test_a_node_that_stops_answering_is_caught_by_worker_timeout() -> None:
-    with anyio.fail_after(60), pytest.raises(WorkerTimeoutError) as info:
+    with anyio.fail_after(60), pytest.raises(WorkerTimeoutError, match="set restart_nodes to restart") as info:
         async with DistributedCollector(
             [counting, partial(HangingEnv, 1, 30)], scripted(), frames_per_batch=10, total_frames=-1, sync=True,
             worker_timeout=1.5, **kw(),
@@ -219,6 +231,51 @@ async def test_a_node_that_stops_answering_is_caught_by_worker_timeout() -> None
             async for _ in c:
                 pass
     assert info.value.worker_id == 1
+
+
+async def test_a_node_whose_batch_outlasts_worker_timeout_is_not_taken_for_hung() -> None:
+    # A node batch takes 40 steps x 50 ms = 2 s, worker_timeout is 1 s: the trainer must see
+    # the node's env steps, not only its finished batches.
+    with anyio.fail_after(60):
+        async with DistributedCollector(
+            [partial(SlowEnv, 0.05)] * 2, scripted(), frames_per_batch=80, total_frames=3 * 80, sync=True,
+            worker_timeout=1.0, **kw(),
+        ) as c:  # fmt: skip
+            shapes = [b.shape async for b in c]
+    assert shapes == [torch.Size([2, 1, 40])] * 3
+
+
+@pytest.mark.parametrize(
+    ("cls", "extra"),
+    [
+        (DistributedCollector, {"sync": False, "frames_per_batch": 60}),
+        (DistributedSyncCollector, {"frames_per_batch": 120}),
+        (DistributedCollector, {"sync": False, "frames_per_batch": 120, "collector_class": "async",
+                                "num_workers_per_collector": 2}),
+    ],
+    ids=["async-nodes", "free-running-nodes", "nodes-running-multi-async"],
+)  # fmt: skip
+async def test_break_cuts_long_node_batches_short(cls: type, extra: dict[str, object]) -> None:
+    # Nodes collect ahead (two batches queued each) and a node batch takes 60 x 50 ms = 3 s:
+    # shutdown must end the batch in progress, not wait for the queued ones.
+    with anyio.fail_after(60):
+        async with cls([partial(SlowEnv, 0.05)] * 2, scripted(), total_frames=-1, **extra, **kw()) as c:
+            async for _ in c:
+                break
+            start = time.perf_counter()
+        closed = time.perf_counter() - start
+    assert closed < 2.0, f"shutdown took {closed:.2f}s"
+
+
+async def test_distributed_sync_update_after_each_batch_sends_weights_every_batch() -> None:
+    with anyio.fail_after(60):
+        async with DistributedSyncCollector(
+            [counting] * 2, scripted(), frames_per_batch=20, total_frames=20 * 6, update_after_each_batch=True,
+            update_interval=None, **kw(),
+        ) as c:  # fmt: skip
+            versions = [int(b[VERSION].max()) async for b in c]
+    assert c.stats().policy_version == 6  # one update per gathered batch
+    assert versions[0] == 0 and versions[-1] > 0, versions
 
 
 async def test_a_stopped_node_process_is_caught_and_killed_at_shutdown() -> None:
