@@ -36,6 +36,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "MultiSyncCollector": ("._multi._collectors", "MultiSyncCollector"),
     "DistributedCollector": ("._dist._collectors", "DistributedCollector"),
     "DistributedSyncCollector": ("._dist._collectors", "DistributedSyncCollector"),
+    "RayCollector": ("._dist._ray_collector", "RayCollector"),
     "AsyncEnvPool": ("._envs._pool", "AsyncEnvPool"),
     "PrioritizedSampler": ("._buffer._prioritized", "PrioritizedSampler"),
     "RandomSampler": ("._buffer._samplers", "RandomSampler"),
@@ -57,6 +58,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "MultiSyncDataCollector": (".blocking", "MultiSyncCollector"),
     "DistributedDataCollector": (".blocking", "DistributedCollector"),
     "DistributedSyncDataCollector": (".blocking", "DistributedSyncCollector"),
+    "RayDataCollector": (".blocking", "RayCollector"),
 }
 
 __all__ = (
@@ -88,6 +90,8 @@ __all__ = (
     "PolicyOutputError",
     "PrioritizedSampler",
     "RandomSampler",
+    "RayCollector",
+    "RayDataCollector",
     "ReplayBuffer",
     "Sampler",
     "SamplerWithoutReplacement",

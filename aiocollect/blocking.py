@@ -21,6 +21,7 @@ from ._core._errors import WouldBlock as _WouldBlock
 from ._core._portal import Portal as _Portal
 from ._core._stats import BufferStats as _BufferStats
 from ._dist import _collectors as _dist
+from ._dist import _ray_collector as _ray
 from ._multi import _collectors as _multi
 
 __all__ = (
@@ -31,6 +32,7 @@ __all__ = (
     "DistributedSyncCollector",
     "MultiAsyncCollector",
     "MultiSyncCollector",
+    "RayCollector",
     "ReplayBuffer",
 )
 
@@ -106,6 +108,19 @@ class DistributedSyncCollector(DataCollectorBase):
     """
 
     _async_class = _dist.DistributedSyncCollector
+
+
+class RayCollector(DataCollectorBase):
+    """Blocking twin of `aiocollect.RayCollector` (also ``RayDataCollector``, TorchRL's name).
+
+    Examples:
+        >>> from aiocollect.blocking import RayCollector
+        >>> with RayCollector(["CartPole-v1"] * 2, frames_per_batch=64, total_frames=128,
+        ...                   ray_init_config={"num_cpus": 2}) as c:  # doctest: +SKIP
+        ...     shapes = [batch.shape for batch in c]
+    """
+
+    _async_class = _ray.RayCollector
 
 
 class AsyncCollector(DataCollectorBase):

@@ -27,7 +27,7 @@ PACKAGE = ROOT / "aiocollect"
 DISTRIBUTION = {"yaml": "pyyaml"}
 
 #: Optional modules: imported only inside functions, when the user asked for what needs them.
-OPTIONAL: set[str] = {"submitit"}  # the "submitit" launcher of the distributed collectors
+OPTIONAL: set[str] = {"submitit", "ray"}  # the "submitit" launcher; RayCollector and launcher="ray"
 
 
 def _declared() -> set[str]:

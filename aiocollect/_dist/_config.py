@@ -69,6 +69,7 @@ def resolve_dist_config(
     reset_at_each_iter: Any,
     exploration_type: Any,
     transport_options: dict[str, Any],
+    transport: str,
     gather: bool,
     on_demand: bool,
     **engine: Any,
@@ -78,7 +79,7 @@ def resolve_dist_config(
     ``gather``: every node's share is stacked into one batch; ``on_demand``: nodes collect only
     when asked (the engine then sends weights before each batch, not after it).
     """
-    from .._workers._distributed import DistributedTransport
+    from .._workers import get_transport
 
     if isinstance(create_env_fn, (list, tuple)):
         check_int("num_nodes", num_nodes, allow_none=True)
@@ -143,12 +144,12 @@ def resolve_dist_config(
     mc = resolve_multi_config(
         sync=gather, create_env_fn=fns, num_workers=None, frames_per_batch=[node_fpb] * n, cat_results=None,
         update_at_each_batch=update_after_each_batch and on_demand, preemptive_threshold=None, num_sub_threads=1,
-        start_method=None, backend="distributed", create_env_kwargs=None, init_random_frames=None, **common, **engine,
+        start_method=None, backend=transport, create_env_kwargs=None, init_random_frames=None, **common, **engine,
     )  # fmt: skip
-    options = DistributedTransport.check_options(
+    options = get_transport(transport).check_options(
         {**transport_options, "worker_main": "aiocollect._dist._node:run_node"}
     )
-    if options["node_hosts"] is not None and len(options["node_hosts"]) != n:
+    if options.get("node_hosts") is not None and len(options["node_hosts"]) != n:
         raise ValueError(f"node_hosts lists {len(options['node_hosts'])} addresses for {n} nodes; give one per node")
     mc = dataclasses.replace(mc, transport_options=options, total_fpb=fpb)
     node_kwargs = [

@@ -21,6 +21,10 @@ from _net import SocketAudit
 # addresses they connect from, so aiocollect itself never needs it).
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+# Ray reads these when it is imported: on Linux it otherwise replaces 127.0.0.1 with the
+# default route's address for its own connections. No usage statistics are sent.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,0 +1,195 @@
+"""The engine of every collector whose workers are collection nodes (torch.distributed, Ray, RPC).
+
+Each node is one "worker" of the multi-worker engine, reached through a transport
+(``_workers._distributed``, ``_workers._ray``, ``_workers._rpc``) and running a whole
+collector (``_dist._node``). The engine's machinery (start-up, weights with per-node
+acknowledgements, supervision, liveness, bounded shutdown, replay buffers) is used unchanged;
+this module holds the three delivery policies: every node's share on demand (``sync=True``),
+the first node's batch (``sync=False``), and one batch per free-running node
+(`DistributedSyncCollector`), and TorchRL's weight-update knobs.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+import cloudpickle
+from tensordict import TensorDictBase
+
+from .._core._errors import CollectorClosedError
+from .._core._threads import to_thread
+from .._multi._collectors import MultiAsyncCollector, MultiSyncCollector
+from .._multi._engine import MultiCollectorBase
+from .._workers._messages import ApplyWeights
+from .._workers._weights import state_of
+from ._config import resolve_dist_config
+from ._node import NodeSpec
+
+__all__ = ["NodeCollectorBase"]
+
+
+class NodeCollectorBase(MultiCollectorBase):
+    """The node engine: subclasses set the delivery policy and call `_init_nodes` from ``__init__``."""
+
+    _gather: bool  # every node's share is gathered into one batch
+    _asked: bool  # nodes collect only when asked (weights then go out before each batch)
+    _worker_noun = "nodes"
+    _restart_arg = "restart_nodes"
+
+    def _init_nodes(
+        self,
+        create_env_fn: Any,
+        policy: Any,
+        *,
+        transport: str,
+        transport_options: dict[str, Any],
+        replay_buffer: Any,
+        restart_nodes: int,
+        **common: Any,
+    ) -> None:
+        """Validate everything (before anything starts) and set up the engine."""
+        dc = self._dc = resolve_dist_config(
+            type(self).__name__, create_env_fn=create_env_fn, policy=policy, transport=transport,
+            transport_options=transport_options, gather=self._gather, on_demand=self._asked,
+            restart_workers=restart_nodes, **common,
+        )  # fmt: skip
+        self._since_update = [0] * dc.mc.num_workers  # batches each node delivered since it was sent weights
+        self._yielded = 0
+        self._init_multi(dc.mc, policy, replay_buffer)
+
+    def _spec_bytes(self, w: int) -> bytes:
+        dc, mc = self._dc, self._mc
+        spec = NodeSpec(
+            node=w, num_nodes=self._num_workers, collector_class=dc.collector_class,
+            create_env_fn=mc.worker_cfgs[w].create_env_fn, workers_per_node=dc.workers_per_node,
+            policy=None if mc.factories[w] is not None else self._policy, policy_factory=mc.factories[w],
+            frames_per_batch=dc.node_fpb, kwargs=dc.node_kwargs[w], seed=self._worker_seeds[w],
+            policy_version=self._version, load_weights=self._published, generation=self._generation[w],
+        )  # fmt: skip
+        try:
+            return cloudpickle.dumps(spec)
+        except Exception as exc:
+            raise TypeError(
+                f"the env factory or policy for node {w} cannot be pickled for the node ({exc}); pass module-level "
+                "functions, lambdas or functools.partial objects"
+            ) from exc
+
+    # -- weights -----------------------------------------------------------------------------
+    async def update_policy_weights_(self, policy_or_weights: Any = None, *, weights: Any = None) -> None:
+        """Send new weights to every live node and wait until each one applied them.
+
+        Each node applies them between batches, so no batch mixes two versions, and records
+        the version it collected with in ``("collector", "policy_version")``.
+
+        Args:
+            policy_or_weights: An ``nn.Module``, a state dict or a TensorDict of weights;
+                ``None`` reads the ``policy`` passed to the constructor.
+            weights: Same as ``policy_or_weights`` (TorchRL's keyword).
+
+        Raises:
+            TypeError: The collector has no ``nn.Module`` policy to take the weight layout from.
+            TimeoutError: Some nodes did not acknowledge within ``weight_sync_timeout`` (the
+                message names them).
+        """
+        if self._closed:
+            raise CollectorClosedError(f"this {type(self).__name__} was shut down; create a new one")
+        if self._weights_layout is None:
+            raise TypeError(
+                "update_policy_weights_() needs an nn.Module policy= to define the weights; pass policy= "
+                "(it may be given together with policy_factory)"
+            )
+        source = self._weights_argument(policy_or_weights, weights)
+        state = state_of(self._weights_layout, self._policy if source is None else source)
+        async with self._update_lock or anyio.Lock():
+            # Each version is its own buffer in the transport: no node can read a torn mix of
+            # two, so there is no need to wait for the previous update first.
+            await to_thread(self._publish, state)
+            self._version += 1
+            if self._rb is not None:
+                self._rb.policy_version = self._version
+            self._since_update = [0] * self._num_workers
+            if self._started and self._pump is not None:
+                await self._await_acks(self._version)
+
+    async def _push_weights(self, nodes: list[int]) -> None:
+        """Send the policy's current weights to ``nodes`` without waiting for them."""
+        if self._weights_layout is None or self._pump is None:
+            return
+        await to_thread(self._publish, state_of(self._weights_layout, self._policy))
+        self._version += 1
+        if self._rb is not None:
+            self._rb.policy_version = self._version
+        for w in nodes:
+            if self._pump.alive[w]:
+                self._transport.send(w, ApplyWeights(self._version))  # type: ignore[union-attr]
+                self._since_update[w] = 0
+
+    async def _after_batch(self, delivered: list[int]) -> None:
+        """Weight rules after a batch: per node (TorchRL's knobs), then every ``update_interval`` batches."""
+        dc = self._dc
+        self._yielded += 1
+        for w in delivered:
+            self._since_update[w] += 1
+        due: list[int] = []
+        if dc.update_after_each_batch and not self._mc.update_at_each_batch:
+            due = delivered  # async: the node that delivered gets the newest weights
+        elif dc.max_weight_update_interval > -1:
+            due = [w for w in delivered if self._since_update[w] > dc.max_weight_update_interval]
+        if dc.update_interval is not None and self._yielded % dc.update_interval == 0:
+            due = list(range(self._num_workers))
+        if due:
+            await self._push_weights(due)
+
+    # -- delivery ----------------------------------------------------------------------------
+    _assemble = MultiSyncCollector._assemble
+    _dispatch_idle_nowait = MultiAsyncCollector._dispatch_idle_nowait
+    _next_worker = 0
+
+    async def _take_one(self, w: int) -> TensorDictBase:
+        slot, view = self._take(w)
+        batch = await to_thread(view.clone)
+        batch.refine_names(*([None] * (batch.ndim - 1)), "time")
+        self._release_slot(w, slot, commit=False)
+        return batch
+
+    async def _first_node(self) -> TensorDictBase | None:
+        """The batch of whichever node delivers first (nodes collect ahead, two slots each)."""
+        await self._ensure_started()
+        assert self._pump is not None
+        pump, n = self._pump, self._num_workers
+        start = time.perf_counter()
+        self._dispatch_idle_nowait()
+        if self._in_flight() == 0:
+            return None  # paused: nothing was asked of any node
+        await pump.until(lambda: any(pump.pending))
+        order = [(self._next_worker + i) % n for i in range(n)]  # round robin: no node starves
+        w = next(i for i in order if pump.pending[i])
+        self._next_worker = (w + 1) % n
+        batch = await self._take_one(w)
+        await self._after_batch([w])
+        self._dispatch_idle_nowait()
+        return await self._deliver(batch, batch.numel(), start, post=self._post_in_parent)
+
+    async def _every_node(self) -> TensorDictBase | None:
+        """One batch from every node (free-running nodes), stacked in node order."""
+        await self._ensure_started()
+        assert self._pump is not None
+        pump, n = self._pump, self._num_workers
+        start = time.perf_counter()
+        self._dispatch_idle_nowait()
+        await pump.until(lambda: all(pump.pending[w] for w in range(n)))
+        taken = [self._take(w) for w in range(n)]
+        batch = await to_thread(self._assemble, [view for _, view in taken])
+        for w, (slot, _) in enumerate(taken):
+            self._release_slot(w, slot, commit=False)
+        await self._after_batch(list(range(n)))
+        self._dispatch_idle_nowait()
+        return await self._deliver(batch, batch.numel(), start, post=self._post_in_parent)
+
+    async def _on_demand(self) -> TensorDictBase | None:
+        """Every node's share, collected after any weight update (TorchRL's sync mode)."""
+        batch = await MultiSyncCollector._collect_one(self)  # type: ignore[arg-type]
+        await self._after_batch(list(range(self._num_workers)))
+        return batch  # type: ignore[no-any-return]

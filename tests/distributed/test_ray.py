@@ -1,0 +1,224 @@
+"""RayCollector on a real local Ray instance (loopback only), started by this module.
+
+The module starts Ray once (``num_cpus=2``, on 127.0.0.1) and every collector here joins it,
+so it must leave Ray running. Ray keeps a pool of idle worker processes and its own system
+processes: the leak check of this module ignores those, but fails a test whose actors (or
+anything they started) outlive it. `test_ray_lifecycle.py` checks the collector that starts
+Ray itself.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from functools import partial
+
+import anyio
+import pytest
+import torch
+from tensordict.nn import TensorDictModule
+
+from aiocollect import RayCollector, ReplayBuffer, WorkerCrashedError, WorkerError
+from aiocollect.testing import CountingEnv, FailingEnv, ScriptedPolicy
+
+ray = pytest.importorskip("ray")
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
+
+WORKER_ID, TRAJ, VERSION = ("collector", "worker_id"), ("collector", "traj_ids"), ("collector", "policy_version")
+# Half a CPU per actor: two actors and the module's spare capacity fit in num_cpus=2.
+ACTOR = {"num_cpus": 0.5, "memory": 256 * 1024**2}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray() -> Iterator[None]:
+    from _ray_procs import ray_processes
+
+    before = ray_processes()
+    # Actors unpickle this module's env factories by reference: they must import it (as a
+    # user's cluster must import the user's modules).
+    here = os.path.dirname(os.path.abspath(__file__))
+    ray.init(runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}},
+             num_cpus=2, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+    deadline = time.monotonic() + 10
+    while ray_processes() - before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not ray_processes() - before, f"Ray processes outlived ray.shutdown(): {ray_processes() - before}"
+
+
+@pytest.fixture(autouse=True)
+def no_leaks() -> Iterator[None]:
+    """This module's leak check: Ray's idle pool and system processes are not the test's."""
+    from _ray_procs import ray_snapshot
+
+    from _leaks import find_leaks, wait_for_no_leaks
+
+    before = ray_snapshot()
+    yield
+    after = wait_for_no_leaks(before, timeout=10.0, snapshot=ray_snapshot, fd_slack=8)
+    problems = find_leaks(before, after, fd_slack=8)
+    if problems:
+        pytest.fail("resources leaked by the test:\n  " + "\n  ".join(problems), pytrace=False)
+
+
+def scripted(weight: float = 1.0) -> TensorDictModule:
+    return TensorDictModule(ScriptedPolicy(weight), ["observation"], ["action"])
+
+
+def counting() -> CountingEnv:
+    return CountingEnv(1, episode_length=7)
+
+
+def kw(**extra: object) -> dict[str, object]:
+    return {"remote_configs": ACTOR, "shutdown_timeout": 5.0, **extra}
+
+
+@pytest.mark.parametrize(
+    ("anyio_backend", "sync"), [("asyncio", True), ("asyncio", False), ("trio", True)], indirect=["anyio_backend"]
+)
+async def test_two_actors_deliver_batches_with_global_ids(sync: bool, loopback_only) -> None:
+    with anyio.fail_after(120):
+        async with RayCollector([counting] * 2, scripted(), frames_per_batch=20, total_frames=100, sync=sync, **kw()) as c:
+            batches = [b async for b in c]
+            pids = c._worker_pids()
+    assert c.stats().frames == 100
+    if sync:
+        assert all(b.shape == torch.Size([2, 1, 10]) for b in batches)
+        assert all(b[WORKER_ID][i].eq(i).all() for b in batches for i in range(2))
+    else:
+        assert all(b.shape == torch.Size([1, 20]) for b in batches)
+        assert {int(b[WORKER_ID].unique()) for b in batches} == {0, 1}
+    # Trajectory ids are unique across actors: no id is used by both.
+    owners: dict[int, set[int]] = {}
+    for b in batches:
+        for t, w in zip(b[TRAJ].flatten().tolist(), b[WORKER_ID].flatten().tolist(), strict=True):
+            owners.setdefault(t, set()).add(w)
+    assert all(len(ws) == 1 for ws in owners.values())
+    assert all(p is not None and p.rank in (1, 2) for p in pids)
+
+
+async def test_weight_updates_go_through_the_object_store_once_and_are_acknowledged(monkeypatch) -> None:
+    puts = []
+    real_put = ray.put
+    monkeypatch.setattr(ray, "put", lambda value, **k: puts.append(1) or real_put(value, **k))
+    policy = scripted(1.0)
+    with anyio.fail_after(120):
+        async with RayCollector([counting] * 2, policy, frames_per_batch=20, total_frames=-1, sync=True, **kw()) as c:
+            first = await c.__anext__()
+            assert (first["action"][first["observation"][..., 2] > 0] == 1).all()
+            with torch.no_grad():
+                policy.module.weight.fill_(-1.0)
+            puts.clear()
+            await c.update_policy_weights_()
+            assert len(puts) == 1, "one ray.put per update, whatever the number of actors"
+            after = await c.__anext__()
+    assert (after[VERSION] == 1).all()
+    assert (after["action"][after["observation"][..., 2] > 0] == 0).all()
+
+
+async def test_async_update_after_each_batch_reaches_the_delivering_actor() -> None:
+    with anyio.fail_after(120):
+        async with RayCollector(
+            [counting] * 2, scripted(), frames_per_batch=10, total_frames=10 * 10, update_after_each_batch=True, **kw()
+        ) as c:
+            versions = [int(b[VERSION].max()) async for b in c]
+    assert versions[-1] > 0 and c.stats().policy_version >= 9
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"], indirect=True)
+async def test_a_raising_actor_is_reported_with_its_rank_and_traceback() -> None:
+    with anyio.fail_after(120), pytest.raises(WorkerError) as info:
+        async with RayCollector(
+            [counting, partial(FailingEnv, 1, 15)], scripted(), frames_per_batch=10, total_frames=-1, sync=True, **kw()
+        ) as c:
+            async for _ in c:
+                pass
+    err = info.value
+    assert err.worker_id == 1 and "rank 2" in str(err)
+    assert "FailingEnv failed at step 15" in str(err)
+    assert isinstance(err.__cause__, ValueError)
+    assert "testing.py" in str(err.__cause__.__cause__)  # the actor's own traceback
+
+
+async def test_a_killed_actor_surfaces_as_worker_crashed_error_within_seconds() -> None:
+    with anyio.fail_after(120), pytest.raises(WorkerCrashedError) as info:
+        async with RayCollector([counting] * 2, scripted(), frames_per_batch=10, total_frames=-1, **kw()) as c:
+            await c.__anext__()
+            os.kill(int(c._worker_pids()[1]), signal.SIGKILL)
+            killed = time.monotonic()
+            async for _ in c:
+                pass
+    assert time.monotonic() - killed < 5.0
+    assert info.value.worker_id == 1
+
+
+async def test_a_killed_actor_is_replaced_with_the_current_weights() -> None:
+    policy = scripted(1.0)
+    with anyio.fail_after(120):
+        async with RayCollector(
+            [counting] * 2, policy, frames_per_batch=10, total_frames=-1, sync=True, restart_nodes=1, **kw()
+        ) as c:
+            await c.__anext__()
+            with torch.no_grad():
+                policy.module.weight.fill_(-1.0)
+            await c.update_policy_weights_()
+            old = int(c._worker_pids()[0])
+            os.kill(old, signal.SIGKILL)
+            later = [await c.__anext__() for _ in range(3)]
+            assert int(c._worker_pids()[0]) != old
+    assert c.stats().restarts == 1
+    # The replacement collected with version 1 weights from its first batch on.
+    assert all((b[VERSION] == 1).all() for b in later)
+    assert all((b["action"][b["observation"][..., 2] > 0] == 0).all() for b in later)
+
+
+async def test_replay_buffer_receives_actor_batches() -> None:
+    rb = ReplayBuffer(capacity=1000)
+    with anyio.fail_after(120):
+        async with RayCollector([counting] * 2, scripted(), frames_per_batch=20, total_frames=80, replay_buffer=rb, **kw()) as c:
+            got = [b async for b in c]
+    assert got == [None] * 4 and len(rb) == 80
+
+
+async def test_the_event_loop_keeps_ticking_while_actors_collect() -> None:
+    gaps = []
+    with anyio.fail_after(120):
+        async with RayCollector([counting] * 2, scripted(), frames_per_batch=200, total_frames=4000, **kw()) as c:
+            async with anyio.create_task_group() as tg:
+
+                async def heartbeat() -> None:
+                    last = time.perf_counter()
+                    while True:
+                        await anyio.sleep(0.005)
+                        now = time.perf_counter()
+                        gaps.append(now - last)
+                        last = now
+
+                tg.start_soon(heartbeat)
+                async for _ in c:
+                    pass
+                tg.cancel_scope.cancel()
+    assert len(gaps) > 10 and max(gaps) < 0.1, f"the loop stalled for {max(gaps) * 1000:.0f} ms"
+
+
+async def test_break_stops_every_actor_within_the_deadline() -> None:
+    with anyio.fail_after(120):
+        async with RayCollector([counting] * 2, scripted(), frames_per_batch=10, total_frames=-1, **kw()) as c:
+            async for _ in c:
+                break
+            pids = [int(p) for p in c._worker_pids()]
+            start = time.perf_counter()
+        closed = time.perf_counter() - start
+    assert closed < 2.0, f"shutdown took {closed:.2f}s"
+    import psutil
+
+    gone_by = time.monotonic() + 5
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+        assert time.monotonic() < gone_by, "an actor process outlived the collector"
+        time.sleep(0.05)
