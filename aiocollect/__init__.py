@@ -37,6 +37,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "DistributedCollector": ("._dist._collectors", "DistributedCollector"),
     "DistributedSyncCollector": ("._dist._collectors", "DistributedSyncCollector"),
     "RayCollector": ("._dist._ray_collector", "RayCollector"),
+    "RPCCollector": ("._dist._rpc_collector", "RPCCollector"),
     "AsyncEnvPool": ("._envs._pool", "AsyncEnvPool"),
     "PrioritizedSampler": ("._buffer._prioritized", "PrioritizedSampler"),
     "RandomSampler": ("._buffer._samplers", "RandomSampler"),
@@ -59,6 +60,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "DistributedDataCollector": (".blocking", "DistributedCollector"),
     "DistributedSyncDataCollector": (".blocking", "DistributedSyncCollector"),
     "RayDataCollector": (".blocking", "RayCollector"),
+    "RPCDataCollector": (".blocking", "RPCCollector"),
 }
 
 __all__ = (
@@ -89,6 +91,8 @@ __all__ = (
     "MultiaSyncDataCollector",
     "PolicyOutputError",
     "PrioritizedSampler",
+    "RPCCollector",
+    "RPCDataCollector",
     "RandomSampler",
     "RayCollector",
     "RayDataCollector",

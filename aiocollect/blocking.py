@@ -22,6 +22,7 @@ from ._core._portal import Portal as _Portal
 from ._core._stats import BufferStats as _BufferStats
 from ._dist import _collectors as _dist
 from ._dist import _ray_collector as _ray
+from ._dist import _rpc_collector as _rpc
 from ._multi import _collectors as _multi
 
 __all__ = (
@@ -32,6 +33,7 @@ __all__ = (
     "DistributedSyncCollector",
     "MultiAsyncCollector",
     "MultiSyncCollector",
+    "RPCCollector",
     "RayCollector",
     "ReplayBuffer",
 )
@@ -121,6 +123,20 @@ class RayCollector(DataCollectorBase):
     """
 
     _async_class = _ray.RayCollector
+
+
+class RPCCollector(DataCollectorBase):
+    """Blocking twin of `aiocollect.RPCCollector` (also ``RPCDataCollector``, TorchRL's name).
+
+    Examples:
+        >>> from aiocollect.blocking import RPCCollector
+        >>> if __name__ == "__main__":  # nodes re-import the main module
+        ...     with RPCCollector(["CartPole-v1"] * 2, frames_per_batch=64, total_frames=128,
+        ...                       launcher="mp") as c:
+        ...         shapes = [batch.shape for batch in c]
+    """
+
+    _async_class = _rpc.RPCCollector
 
 
 class AsyncCollector(DataCollectorBase):

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 __all__ = ["TRANSPORTS", "get_transport"]
 
-TRANSPORTS = ("inline", "subprocess", "distributed", "ray")
+TRANSPORTS = ("inline", "subprocess", "distributed", "ray", "rpc")
 
 
 def get_transport(name: object) -> type[Transport]:

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import threading
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["LAUNCHERS", "make_launcher"]
@@ -53,9 +54,10 @@ class Launcher:
 class MpLauncher(Launcher):
     """Local processes, from the fork server (like subprocess workers) or spawned."""
 
-    def __init__(self, start_method: str) -> None:
+    def __init__(self, start_method: str, main: Callable[..., None] | None = None) -> None:
         from ._subprocess import _preload_forkserver
 
+        self._main = main
         self._ctx = multiprocessing.get_context(start_method)
         if start_method == "forkserver":
             _preload_forkserver(self._ctx)
@@ -68,7 +70,7 @@ class MpLauncher(Launcher):
 
         _check_not_bootstrapping()
         self._codes.pop(rank, None)
-        process = self._ctx.Process(target=node_main, args=args, name=f"aiocollect-node-{rank}", daemon=True)
+        process = self._ctx.Process(target=self._main or node_main, args=args, name=f"aiocollect-node-{rank}", daemon=True)
         with _START_LOCK:  # as in the subprocess transport: never fix the global start method
             default = getattr(multiprocessing.context, "_default_context", None)
             unset = getattr(default, "_actual_context", False) is None
@@ -126,9 +128,10 @@ class MpLauncher(Launcher):
 class SubmititLauncher(Launcher):
     """Jobs through submitit: SLURM where it exists, submitit's local executor elsewhere."""
 
-    def __init__(self, slurm_kwargs: dict[str, Any], folder: str) -> None:
+    def __init__(self, slurm_kwargs: dict[str, Any], folder: str, main: Callable[..., None] | None = None) -> None:
         import submitit
 
+        self._main = main
         cluster = None if submitit.AutoExecutor.which() == "slurm" else "local"
         self._executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
         params = dict(DEFAULT_SLURM_CONF, **slurm_kwargs)
@@ -142,7 +145,7 @@ class SubmititLauncher(Launcher):
         from ._distributed_node import node_main
 
         with self._lock:
-            self._jobs[rank] = self._executor.submit(node_main, *args)
+            self._jobs[rank] = self._executor.submit(self._main or node_main, *args)
 
     def kill(self, rank: int) -> None:
         job = self._jobs.get(rank)
@@ -197,13 +200,13 @@ class SubmititLauncher(Launcher):
                 self._wait(job, proc, LOCAL_EXIT_GRACE)
 
 
-def make_launcher(options: dict[str, Any]) -> Launcher:
-    """The launcher named by the transport's ``launcher`` option."""
+def make_launcher(options: dict[str, Any], main: Callable[..., None] | None = None) -> Launcher:
+    """The launcher named by the transport's ``launcher`` option, starting ``main`` (`node_main`)."""
     name = options["launcher"]
     if name == "mp":
-        return MpLauncher(options["start_method"])
+        return MpLauncher(options["start_method"], main)
     if name == "submitit":
-        return SubmititLauncher(options["slurm_kwargs"], options["submitit_folder"])
+        return SubmititLauncher(options["slurm_kwargs"], options["submitit_folder"], main)
     launcher = Launcher()
     launcher.can_kill = False
     return launcher

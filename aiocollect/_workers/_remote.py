@@ -67,6 +67,7 @@ class RemoteTransport(Transport):
         self._weights: dict[Any, Any] | None = None  # the last published state (CPU tensors)
         self._open_lock = threading.Lock()
         self._opened = False
+        self._open_error: BaseException | None = None
         self._closed = False
 
     # -- the engine's half -------------------------------------------------------------------
@@ -107,9 +108,15 @@ class RemoteTransport(Transport):
         with self._open_lock:
             if self._closed:
                 raise RuntimeError("the transport is closed")
+            if self._open_error is not None:
+                raise self._open_error  # every node's start fails the same way
             if not self._opened:
                 self._opened = True  # set first: a failed start still closes what it began
-                self._open()
+                try:
+                    self._open()
+                except BaseException as exc:
+                    self._open_error = exc
+                    raise
 
     async def start(self, w: int, spec: bytes) -> Any:
         opts = self.options
@@ -192,6 +199,15 @@ class RemoteTransport(Transport):
         with self._notifier.lock:
             node.events = deque()
         self._notifier.notify_all()
+
+    async def aclose(self, timeout: float) -> None:
+        self.stop_nowait()
+        with anyio.move_on_after(timeout * 3):
+            async with anyio.create_task_group() as tg:
+                for w in range(self.num_workers):
+                    tg.start_soon(self.stop, w, timeout)
+        # Off the loop: closing an engine (rpc.shutdown, ray.shutdown) takes a second or more.
+        await anyio.to_thread.run_sync(self.close_now)
 
     def stop_nowait(self) -> None:
         for node in self._nodes:

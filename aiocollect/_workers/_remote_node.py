@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from ._messages import ApplyWeights, BatchReady, Command, Event
+from ._messages import ApplyWeights, BatchReady, Close, Command, Event
 from ._transport import BUSY, CONTROL_WORDS, PROGRESS, STOP, WorkerChannel
 
 __all__ = ["HostSetup", "NodeHost", "PollResult"]
@@ -196,7 +196,9 @@ class NodeHost:
         """End the batch in progress at its next env step, and collect nothing more."""
         self._channel.stop()
 
-    def join(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` for the worker loop to end; True if it did."""
+    def close(self, timeout: float) -> bool:
+        """Stop, close and wait up to ``timeout`` for the worker loop to end; True if it did."""
+        self._channel.stop()
+        self._channel._commands.put(Close())  # out of order on purpose: nothing else matters now
         self._thread.join(timeout)
         return not self._thread.is_alive()

@@ -20,6 +20,7 @@ from _net import SocketAudit
 # Gloo picks its interface from this variable (the trainer and nodes also bind to the
 # addresses they connect from, so aiocollect itself never needs it).
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+os.environ.setdefault("TP_SOCKET_IFNAME", "lo")  # TensorPipe's (torch RPC)
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 # Ray reads these when it is imported: on Linux it otherwise replaces 127.0.0.1 with the
 # default route's address for its own connections. No usage statistics are sent.

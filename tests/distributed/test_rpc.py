@@ -1,0 +1,143 @@
+"""RPCCollector on real torch RPC groups (TensorPipe, loopback only), nodes launched with "mp"."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from functools import partial
+
+import anyio
+import pytest
+import torch
+from tensordict.nn import TensorDictModule
+
+from aiocollect import RPCCollector, WorkerCrashedError, WorkerError
+from aiocollect.testing import CountingEnv, FailingEnv, ScriptedPolicy
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+
+WORKER_ID, TRAJ, VERSION = ("collector", "worker_id"), ("collector", "traj_ids"), ("collector", "policy_version")
+
+
+def scripted(weight: float = 1.0) -> TensorDictModule:
+    return TensorDictModule(ScriptedPolicy(weight), ["observation"], ["action"])
+
+
+def counting() -> CountingEnv:
+    return CountingEnv(1, episode_length=7)
+
+
+def kw(**extra: object) -> dict[str, object]:
+    return {"launcher": "mp", "shutdown_timeout": 5.0, **extra}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tensorpipe_process_state() -> None:
+    """Form and close two RPC groups before any test's leak snapshot.
+
+    TensorPipe opens process-wide descriptors (its event loops, its shared-memory and
+    socket listeners' contexts) the first times a process joins an RPC group and keeps them
+    for the life of the process; they are not leaks of the test that happens to run first.
+    Every later group must leave the descriptor count where it found it.
+    """
+
+    async def one() -> None:
+        async with RPCCollector([counting] * 2, frames_per_batch=10, total_frames=10, **kw()) as c:
+            async for _ in c:
+                pass
+
+    for _ in range(2):
+        anyio.run(one)
+
+
+@pytest.mark.parametrize(
+    ("anyio_backend", "sync"), [("asyncio", True), ("asyncio", False), ("trio", False)], indirect=["anyio_backend"]
+)
+async def test_two_nodes_deliver_batches_with_global_ids(sync: bool, loopback_only) -> None:
+    with anyio.fail_after(60):
+        async with RPCCollector([counting] * 2, scripted(), frames_per_batch=20, total_frames=100, sync=sync, **kw()) as c:
+            batches = [b async for b in c]
+    assert c.stats().frames == 100
+    if sync:
+        assert all(b.shape == torch.Size([2, 1, 10]) for b in batches)
+        assert all(b[WORKER_ID][i].eq(i).all() for b in batches for i in range(2))
+    else:
+        assert all(b.shape == torch.Size([1, 20]) for b in batches)
+        assert {int(b[WORKER_ID].unique()) for b in batches} == {0, 1}
+    owners: dict[int, set[int]] = {}
+    for b in batches:
+        for t, w in zip(b[TRAJ].flatten().tolist(), b[WORKER_ID].flatten().tolist(), strict=True):
+            owners.setdefault(t, set()).add(w)
+    assert all(len(ws) == 1 for ws in owners.values())
+
+
+async def test_weight_updates_are_acknowledged_and_used_by_every_node() -> None:
+    policy = scripted(1.0)
+    with anyio.fail_after(60):
+        async with RPCCollector([counting] * 2, policy, frames_per_batch=20, total_frames=-1, sync=True, **kw()) as c:
+            first = await c.__anext__()
+            assert (first["action"][first["observation"][..., 2] > 0] == 1).all()
+            with torch.no_grad():
+                policy.module.weight.fill_(-1.0)
+            await c.update_policy_weights_()
+            after = await c.__anext__()
+    assert (after[VERSION] == 1).all()
+    assert (after["action"][after["observation"][..., 2] > 0] == 0).all()
+
+
+async def test_a_raising_node_is_reported_with_its_rank_and_traceback() -> None:
+    with anyio.fail_after(60), pytest.raises(WorkerError) as info:
+        async with RPCCollector(
+            [counting, partial(FailingEnv, 1, 15)], scripted(), frames_per_batch=10, total_frames=-1, sync=True, **kw()
+        ) as c:
+            async for _ in c:
+                pass
+    err = info.value
+    assert err.worker_id == 1 and "rank 2" in str(err)
+    assert "FailingEnv failed at step 15" in str(err)
+    assert isinstance(err.__cause__, ValueError)
+    assert "testing.py" in str(err.__cause__.__cause__)
+
+
+async def test_a_killed_node_surfaces_as_worker_crashed_error_within_seconds() -> None:
+    with anyio.fail_after(60), pytest.raises(WorkerCrashedError, match="killed by SIGKILL") as info:
+        async with RPCCollector([counting] * 2, scripted(), frames_per_batch=10, total_frames=-1, **kw()) as c:
+            await c.__anext__()
+            os.kill(int(c._worker_pids()[1]), signal.SIGKILL)
+            killed = time.monotonic()
+            async for _ in c:
+                pass
+    assert time.monotonic() - killed < 5.0
+    assert info.value.worker_id == 1
+
+
+async def test_one_rpc_collector_at_a_time_and_the_next_one_works() -> None:
+    with anyio.fail_after(90):
+        async with RPCCollector([counting] * 2, scripted(), frames_per_batch=10, total_frames=-1, **kw()) as c:
+            await c.__anext__()
+            with pytest.raises(RuntimeError, match="one RPC group per process"):
+                async with RPCCollector([counting] * 2, frames_per_batch=10, total_frames=10, **kw()):
+                    pass
+        # A later collector in the same process forms its own group.
+        async with RPCCollector([counting] * 2, scripted(), frames_per_batch=10, total_frames=20, **kw()) as c:
+            assert len([b async for b in c]) == 2
+
+
+async def test_break_stops_every_node_within_the_deadline() -> None:
+    with anyio.fail_after(60):
+        async with RPCCollector([counting] * 2, scripted(), frames_per_batch=10, total_frames=-1, **kw()) as c:
+            async for _ in c:
+                break
+            start = time.perf_counter()
+        closed = time.perf_counter() - start
+    assert closed < 2.0, f"shutdown took {closed:.2f}s"
+
+
+def test_bad_arguments_fail_before_anything_starts() -> None:
+    with pytest.raises(ValueError, match="backend must be 'gloo'"):
+        RPCCollector([counting] * 2, frames_per_batch=10, backend="nccl", launcher="mp")
+    with pytest.raises(ValueError, match="launcher must be one of 'mp', 'submitit'"):
+        RPCCollector([counting] * 2, frames_per_batch=10, launcher="external")
+    with pytest.raises(ValueError, match="tensorpipe_options sets 'rpc_timeout'"):
+        RPCCollector([counting] * 2, frames_per_batch=10, launcher="mp", tensorpipe_options={"rpc_timeout": 1})
