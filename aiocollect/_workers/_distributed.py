@@ -406,19 +406,32 @@ class DistributedTransport(Transport):
             for w in workers:
                 events = self._nodes[w].events
                 while events:
-                    got.append((w, events.popleft()))
+                    event = events[0]
+                    if isinstance(event, Exited) and event.exitcode is None:
+                        # A lost connection: report the exit with the process's code (a
+                        # SIGKILL says so), which `receive` waits for when it is not known yet.
+                        code = self._launcher.exitcode(w + 1)
+                        if code is None and self._launcher.sentinel(w + 1) is not None:
+                            break
+                        event = Exited(code)
+                    events.popleft()
+                    got.append((w, event))
         return got
 
     async def receive(self, workers: list[int]) -> list[tuple[int, Event]]:
         nodes = [self._nodes[w] for w in workers]
         await self._notifier.wait_until(lambda: any(n.events for n in nodes))
         got = self.receive_nowait(workers)
-        out = []
-        for w, event in got:
-            if isinstance(event, Exited) and event.exitcode is None:
-                event = Exited(await self._exitcode(w))
-            out.append((w, event))
-        return out
+        if got:
+            return got
+        # All that is left is the exits of local processes whose codes are not in yet.
+        for w, node in zip(workers, nodes, strict=True):
+            if node.events and isinstance(node.events[0], Exited):
+                code = await self._exitcode(w)
+                with self._notifier.lock:
+                    node.events.popleft()
+                got.append((w, Exited(code)))
+        return got
 
     # -- data --------------------------------------------------------------------------------
     def batch(self, w: int, slot: int) -> Tensors:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import math
 import os
 import socket
@@ -61,10 +63,8 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
     if out["launcher"] not in LAUNCHERS:
         raise ValueError(f"launcher must be one of {', '.join(map(repr, LAUNCHERS))}, got {out['launcher']!r}")
     if out["launcher"] == "submitit":
-        try:
-            import submitit  # noqa: F401
-        except ImportError:
-            raise RuntimeError("launcher='submitit' needs submitit: pip install submitit") from None
+        if importlib.util.find_spec("submitit") is None:
+            raise RuntimeError("launcher='submitit' needs submitit: pip install submitit")
     out["slurm_kwargs"] = dict(out["slurm_kwargs"] or {})
     method = out["start_method"] or _default_start_method()
     if method not in START_METHODS:

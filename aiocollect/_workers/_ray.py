@@ -17,6 +17,8 @@ weights before it collects.
 
 from __future__ import annotations
 
+import importlib.util
+
 import math
 import os
 import threading
@@ -54,10 +56,8 @@ def check_options(options: Mapping[str, Any], num_workers: int | None = None) ->
     if unknown:
         raise TypeError(f"the ray backend takes no option {sorted(unknown)[0]!r}; it takes {sorted(OPTIONS)}")
     out = {**OPTIONS, **options}
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        raise RuntimeError('Ray is not installed: pip install "aiocollect[ray]" (or pip install ray)') from None
+    if importlib.util.find_spec("ray") is None:
+        raise RuntimeError('Ray is not installed: pip install "aiocollect[ray]" (or pip install ray)')
     init = out["ray_init_config"] or {}
     if not isinstance(init, Mapping):
         raise TypeError(f"ray_init_config must be a dict of ray.init arguments or None, got {init!r}")
@@ -80,7 +80,9 @@ def check_options(options: Mapping[str, Any], num_workers: int | None = None) ->
                     f"remote_configs sets {key!r}, which the collector sets for its actors"
                     + ("; pass restart_nodes= to restart dead actors" if key == "max_restarts" else "")
                 )
-    out["remote_configs"] = dict(configs) if isinstance(configs, Mapping) and num_workers is None else [dict(c) for c in listed]
+    out["remote_configs"] = (
+        dict(configs) if isinstance(configs, Mapping) and num_workers is None else [dict(c) for c in listed]
+    )
     module, sep, name = str(out["worker_main"]).partition(":")
     if not (module and sep and name):
         raise ValueError(f"worker_main must be 'module:function', got {out['worker_main']!r}")
@@ -125,7 +127,7 @@ def _release_ray() -> None:
 def _outcome(future: Any) -> tuple[Any, BaseException | None]:
     try:
         return future.result(), None
-    except BaseException as exc:  # noqa: BLE001 - handed to the transport, which reports it
+    except BaseException as exc:  # handed to the transport, which reports it
         return None, exc
 
 
@@ -170,7 +172,7 @@ class RayTransport(RemoteTransport):
 
         try:
             ray.kill(handle, no_restart=True)  # its loop has ended (or overran the deadline)
-        except Exception:  # noqa: S110 - Ray is already gone, and the actor with it
+        except Exception:  # Ray is already gone, and the actor with it
             pass
 
     def _close_engine(self) -> None:

@@ -224,7 +224,7 @@ class RemoteTransport(Transport):
             if handle is not None:
                 try:
                     self._destroy(w, handle, 0.0)
-                except Exception:  # noqa: S110 - best effort: the engine closes below anyway
+                except Exception:  # best effort: the engine closes below anyway
                     pass
         with self._open_lock:
             if self._opened:
@@ -235,7 +235,7 @@ class RemoteTransport(Transport):
         # A failed command means a dead node: its poll fails too and reports the exit.
         try:
             self._call(handle, method, args, _ignore)
-        except Exception:  # noqa: S110 - see above
+        except Exception:  # see above
             pass
 
     # -- commands and events -----------------------------------------------------------------
@@ -253,18 +253,25 @@ class RemoteTransport(Transport):
             for w in workers:
                 events = self._nodes[w].events
                 while events:
+                    if isinstance(events[0], Exited) and events[0].exitcode is None:
+                        break  # `receive` learns its exit code first (off the loop: it may wait)
                     got.append((w, events.popleft()))
         return got
 
     async def receive(self, workers: list[int]) -> list[tuple[int, Event]]:
         nodes = [self._nodes[w] for w in workers]
         await self._notifier.wait_until(lambda: any(n.events for n in nodes))
-        out = []
-        for w, event in self.receive_nowait(workers):
-            if isinstance(event, Exited) and event.exitcode is None:
-                event = Exited(await anyio.to_thread.run_sync(self._exitcode, w))
-            out.append((w, event))
-        return out
+        got = self.receive_nowait(workers)
+        if got:
+            return got
+        # All that is left is lost nodes whose exit codes are not in yet.
+        for w, node in zip(workers, nodes, strict=True):
+            if node.events and isinstance(node.events[0], Exited):
+                code = await anyio.to_thread.run_sync(self._exitcode, w)
+                with self._notifier.lock:
+                    node.events.popleft()
+                got.append((w, Exited(code)))
+        return got
 
     # -- data --------------------------------------------------------------------------------
     def batch(self, w: int, slot: int) -> Tensors:

@@ -12,6 +12,8 @@ RPC is process-wide in torch: one RPC group per process, so one `RPCCollector` a
 
 from __future__ import annotations
 
+import importlib.util
+
 import math
 import multiprocessing.connection
 import os
@@ -63,10 +65,8 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
     if out["launcher"] not in LAUNCHERS:
         raise ValueError(f"launcher must be one of {', '.join(map(repr, LAUNCHERS))}, got {out['launcher']!r}")
     if out["launcher"] == "submitit":
-        try:
-            import submitit  # noqa: F401
-        except ImportError:
-            raise RuntimeError("launcher='submitit' needs submitit: pip install submitit") from None
+        if importlib.util.find_spec("submitit") is None:
+            raise RuntimeError("launcher='submitit' needs submitit: pip install submitit")
     out["slurm_kwargs"] = dict(out["slurm_kwargs"] or {})
     method = out["start_method"] or _default_start_method()
     if method not in START_METHODS:
@@ -110,7 +110,7 @@ def _free_port(addr: str) -> int:
 def _outcome(future: Any) -> tuple[Any, BaseException | None]:
     try:
         return future.value(), None
-    except BaseException as exc:  # noqa: BLE001 - handed to the transport, which reports it
+    except BaseException as exc:  # handed to the transport, which reports it
         return None, exc
 
 
@@ -193,7 +193,7 @@ class RpcTransport(RemoteTransport):
 
         try:
             rpc.rpc_sync(handle[0], host_drop, args=(handle[1], timeout), timeout=timeout + 2.0)
-        except Exception:  # noqa: S110 - the node is gone or hung: its process is ended at close
+        except Exception:  # the node is gone or hung: its process is ended at close
             pass
 
     def _kill(self, w: int, handle: Any) -> None:
@@ -215,12 +215,12 @@ class RpcTransport(RemoteTransport):
             for rank in range(1, self.num_workers + 1):
                 try:
                     exits.append(rpc.rpc_async(node_name(self._session, rank), node_exit, timeout=2.0))
-                except Exception:  # noqa: S110 - a dead node: its process is reaped below
+                except Exception:  # a dead node: its process is reaped below
                     pass
             for f in exits:
                 try:
                     f.wait()
-                except Exception:  # noqa: S110 - see above
+                except Exception:  # see above
                     pass
             rpc.shutdown(graceful=False)
         if self._launcher is not None:

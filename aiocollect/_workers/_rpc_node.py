@@ -15,7 +15,7 @@ from typing import Any
 
 from ._remote_node import HostSetup, NodeHost
 
-__all__ = ["init_rpc_quietly", "host_call", "host_create", "host_drop", "node_exit", "node_name", "rpc_node_main"]
+__all__ = ["host_call", "host_create", "host_drop", "init_rpc_quietly", "node_exit", "node_name", "rpc_node_main"]
 
 _HOSTS: dict[str, NodeHost] = {}
 _EXIT = threading.Event()

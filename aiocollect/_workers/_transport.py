@@ -191,10 +191,10 @@ class WorkerChannel(ABC):
     def storage(self, handle: Any) -> dict[Any, Any]:
         """The columns of a replay buffer's storage named by an `AttachStorage` handle."""
 
-    def setup(self, spec: Any) -> None:  # noqa: B027 - optional hook, deliberately empty
+    def setup(self, spec: Any) -> None:  # optional hook, deliberately empty
         """Prepare the worker's process for its `WorkerSpec` (torch threads, ...); nothing by default."""
 
-    def attach_runner(self, activity: Callable[[], int], interrupt: Callable[[], None]) -> None:  # noqa: B027
+    def attach_runner(self, activity: Callable[[], int], interrupt: Callable[[], None]) -> None:
         """Watch a runner that works between commands on its own (a collection node's collector).
 
         A transport that hosts such runners counts ``activity()`` (it grows with every env

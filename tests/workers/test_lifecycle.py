@@ -32,9 +32,22 @@ def run_script(tmp_path: Path, body: str) -> subprocess.Popen[str]:
 
 
 def wait_gone(pids: list[int], timeout: float) -> list[int]:
-    procs = [psutil.Process(p) for p in pids if psutil.pid_exists(p)]
+    """The pids still running (not zombies) after ``timeout``; any may exit while we look."""
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
     _, alive = psutil.wait_procs(procs, timeout=timeout)
-    return [p.pid for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+
+    def running(p: psutil.Process) -> bool:
+        try:
+            return p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    return [p.pid for p in alive if running(p)]
 
 
 def test_workers_exit_when_the_parent_is_killed(tmp_path: Path) -> None:

@@ -201,5 +201,5 @@ def test_bad_arguments_fail_before_spawning() -> None:
         MultiSyncCollector(counting_env, num_workers=2, frames_per_batch=0)
     with pytest.raises(TypeError, match=r"^AsyncCollector runs exactly one worker"):
         AsyncCollector(counting_env, num_workers=2, frames_per_batch=8)
-    with pytest.raises(LookupError, match=r"^unknown worker backend 'mpi'; choose one of: distributed, inline, subprocess$"):
+    with pytest.raises(LookupError, match=r"^unknown worker backend 'mpi'; choose one of: distributed, inline, ray, rpc, subprocess$"):
         MultiSyncCollector(counting_env, num_workers=2, frames_per_batch=8, backend="mpi")
