@@ -102,6 +102,7 @@ def test_worker_error_messages() -> None:
     assert str(err) == "worker 3 (pid 41237) failed at step 1052: ValueError: observation has shape (3,), expected (4,)"
     assert str(WorkerCrashedError(1, 7, -9)) == "worker 1 (pid 7) killed by SIGKILL"
     assert str(WorkerCrashedError(1, 7, 3)) == "worker 1 (pid 7) exited with code 3"
+    assert str(WorkerCrashedError(1, 7, None)) == "worker 1 (pid 7) ended or lost its connection, without an exit code"
 
 
 def test_set_seed_rejects_negative() -> None:

@@ -82,7 +82,8 @@ class WorkerCrashedError(WorkerError):
     Attributes:
         worker_id: Index of the worker that died.
         pid: Its process id.
-        exitcode: Its exit code (negative: the signal that killed it).
+        exitcode: Its exit code (negative: the signal that killed it; ``None``: not known, for
+            a process the trainer did not start itself).
     """
 
     def __init__(self, worker_id: int, pid: int | None, exitcode: int | None, *, during_startup: bool = False) -> None:
@@ -94,6 +95,8 @@ class WorkerCrashedError(WorkerError):
                 how = f"killed by {signal.Signals(-exitcode).name}"
             except ValueError:
                 how = f"killed by signal {-exitcode}"
+        elif exitcode is None:  # a process the trainer did not start itself (a remote node, a Ray task)
+            how = "ended or lost its connection, without an exit code"
         else:
             how = f"exited with code {exitcode}"
         hint = ""

@@ -52,6 +52,8 @@ class _DistributedBase(NodeCollectorBase):
         node_hosts: list[str] | None = None,
         start_method: str | None = None,
         join_timeout: float = 300.0,
+        ray_init_config: dict[str, Any] | None = None,
+        remote_configs: dict[str, Any] | list[dict[str, Any]] | None = None,
         replay_buffer: Any = None,
         restart_nodes: int = 0,
         weight_sync_timeout: float = 60.0,
@@ -66,7 +68,8 @@ class _DistributedBase(NodeCollectorBase):
         transport = {
             "backend": backend, "launcher": launcher, "tcp_port": tcp_port, "master_addr": master_addr,
             "node_hosts": node_hosts, "slurm_kwargs": slurm_kwargs, "start_method": start_method,
-            "join_timeout": join_timeout, "submitit_folder": submitit_folder,
+            "join_timeout": join_timeout, "submitit_folder": submitit_folder, "ray_init_config": ray_init_config,
+            "remote_configs": remote_configs,
         }  # fmt: skip
         self._init_nodes(
             create_env_fn, policy, transport="distributed", transport_options=transport, replay_buffer=replay_buffer,
@@ -106,17 +109,23 @@ _ARGS_DOC = """
         num_workers_per_collector: Worker processes of each node's multi collector.
         backend: ``"gloo"`` (CPU tensors, default), ``"nccl"`` (GPU tensors) or ``"mpi"``.
         launcher: Who starts nodes: ``"submitit"`` (default: SLURM jobs, or submitit's
-            local executor without SLURM), ``"mp"`` (local processes) or ``"external"``
+            local executor without SLURM), ``"mp"`` (local processes), ``"ray"`` (Ray tasks
+            on a cluster, or on a local Ray started for the collector) or ``"external"``
             (you run ``python -m aiocollect.node`` with ``MASTER_ADDR``, ``MASTER_PORT``
             and ``RANK`` on each machine).
         tcp_port: The trainer's TCPStore port, ``MASTER_PORT`` for nodes (default: any free
             port; ``MASTER_PORT`` from the environment with ``launcher="external"``).
         master_addr: The address nodes reach the trainer at (default: ``MASTER_ADDR``, else
-            127.0.0.1 for ``"mp"`` and this host's address otherwise).
+            127.0.0.1 for ``"mp"`` and a local Ray, this host's address otherwise).
         node_hosts: With ``"mp"``/``"submitit"``: the local address each node connects from.
         slurm_kwargs: submitit parameters, over TorchRL's defaults (10 min, partition
             ``train``, 32 CPUs, no GPU).
         submitit_folder: Where submitit keeps its job files and node logs.
+        ray_init_config: With ``launcher="ray"``: `ray.init` arguments (``address`` to join a
+            cluster; without one a local Ray is started, and shut down at close).
+        remote_configs: With ``launcher="ray"``: Ray task options of the nodes (resources:
+            ``num_cpus``, ``num_gpus``, ``resources``...), one dict for all or one per node;
+            default ``{"num_cpus": 1}``.
         update_after_each_batch: Send new weights with every batch: to every node before
             it is collected (``sync=True``), to the node that delivered it (``sync=False``),
             or to every node once it is gathered (`DistributedSyncCollector`).

@@ -17,7 +17,7 @@ class RPCCollector(NodeCollectorBase):
     """Collect on nodes that are members of the trainer's torch RPC group (TensorPipe).
 
     The trainer launches the nodes (``launcher="mp"``: local processes; ``"submitit"``:
-    SLURM jobs, or submitit's local executor), they join its RPC group at
+    SLURM jobs, or submitit's local executor; ``"ray"``: Ray tasks), they join its RPC group at
     ``master_addr:tcp_port``, and each runs ``collector_class``. With ``sync=True`` each
     batch gathers every node's share of ``frames_per_batch``, collected after any weight
     update; with ``sync=False`` (default) nodes collect ahead and each batch is the first
@@ -41,15 +41,19 @@ class RPCCollector(NodeCollectorBase):
             `MultiSyncCollector` (``"sync"``) or `MultiAsyncCollector` (``"async"``).
         collector_kwargs: More arguments of the nodes' collectors (a dict, or one per node).
         num_workers_per_collector: Worker processes of each node's multi collector.
-        launcher: ``"submitit"`` (default, as TorchRL) or ``"mp"``.
+        launcher: ``"submitit"`` (default, as TorchRL), ``"mp"`` or ``"ray"``.
         tcp_port: The RPC rendezvous port (default: a free one).
         master_addr: The trainer's address for nodes (default: ``MASTER_ADDR``, else
-            127.0.0.1 with ``"mp"`` and this host's address otherwise).
+            127.0.0.1 with ``"mp"`` and a local Ray, this host's address otherwise).
         backend: Accepted for TorchRL's signature: ``"gloo"`` only, as tensors travel in
             the RPC messages themselves.
         tensorpipe_options: More ``TensorPipeRpcBackendOptions`` arguments (default 16
             worker threads, as TorchRL).
         slurm_kwargs: submitit parameters, over TorchRL's defaults.
+        ray_init_config: With ``launcher="ray"``: `ray.init` arguments (``address`` to join a
+            cluster; without one a local Ray is started, and shut down at close).
+        remote_configs: With ``launcher="ray"``: Ray task options of the nodes, one dict for
+            all or one per node; default ``{"num_cpus": 1}``.
         update_after_each_batch: Send new weights with every batch: to every node before
             it is collected (``sync=True``) or to the node that delivered it (``sync=False``).
         max_weight_update_interval: Send weights to a node once it delivered more than this
@@ -116,6 +120,8 @@ class RPCCollector(NodeCollectorBase):
         weight_sync_timeout: float = 60.0,
         worker_timeout: float | None = 300.0,
         join_timeout: float = 300.0,
+        ray_init_config: dict[str, Any] | None = None,
+        remote_configs: dict[str, Any] | list[dict[str, Any]] | None = None,
         shutdown_timeout: float = 10.0,
         max_queued_batches: int = 0,
         num_threads: int | None = None,
@@ -133,7 +139,7 @@ class RPCCollector(NodeCollectorBase):
         options = {
             "launcher": launcher, "tcp_port": tcp_port, "master_addr": master_addr, "slurm_kwargs": slurm_kwargs,
             "submitit_folder": submitit_folder, "tensorpipe_options": tensorpipe_options, "start_method": start_method,
-            "join_timeout": join_timeout,
+            "join_timeout": join_timeout, "ray_init_config": ray_init_config, "remote_configs": remote_configs,
         }  # fmt: skip
         self._init_nodes(
             create_env_fn, policy, transport="rpc", transport_options=options, replay_buffer=replay_buffer,

@@ -37,6 +37,7 @@ from .._core._notify import Notifier
 from ._distributed_node import control_key, torchrun_store_port
 from ._distributed_options import check_options
 from ._launch import make_launcher
+from ._launch_ray import check_ray_node_count
 from ._messages import ApplyWeights, BatchReady, Close, Command, Event, Exited, Failed, Ready
 from ._transport import Tensors, Transport
 from ._wire import (
@@ -95,6 +96,7 @@ class DistributedTransport(Transport):
         hosts = options["node_hosts"]
         if hosts is not None and len(hosts) != num_workers:
             raise ValueError(f"node_hosts lists {len(hosts)} addresses for {num_workers} nodes; give one per node")
+        check_ray_node_count(options, num_workers)
         self._nodes = [_Node() for _ in range(num_workers)]
         self._notifier = Notifier()
         self._token = secrets.token_hex(16)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ._launch import LAUNCHERS
+from ._launch_ray import check_ray_launcher_options, ray_master_addr
 from ._subprocess import START_METHODS, _default_start_method
 from ._wire import BACKENDS
 
@@ -22,7 +23,7 @@ _DEFAULT_MAIN = "aiocollect._workers._loop:run_worker"
 OPTIONS = {
     "backend": "gloo", "launcher": "mp", "start_method": None, "master_addr": None, "tcp_port": None,
     "node_hosts": None, "slurm_kwargs": None, "submitit_folder": "aiocollect_submitit", "worker_main": _DEFAULT_MAIN,
-    "join_timeout": 300.0, "beat_interval": 0.5,
+    "join_timeout": 300.0, "beat_interval": 0.5, "ray_init_config": None, "remote_configs": None,
 }  # fmt: skip
 
 
@@ -65,6 +66,7 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
     if out["launcher"] == "submitit":
         if importlib.util.find_spec("submitit") is None:
             raise RuntimeError("launcher='submitit' needs submitit: pip install submitit")
+    check_ray_launcher_options(out)
     out["slurm_kwargs"] = dict(out["slurm_kwargs"] or {})
     method = out["start_method"] or _default_start_method()
     if method not in START_METHODS:
@@ -86,6 +88,8 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
             raise ValueError(f"tcp_port must be an int in [1, 65535] or None (any free port), got {port!r}")
     out["tcp_port"] = port
     addr = out["master_addr"] or os.environ.get("MASTER_ADDR")
+    if addr is None and out["launcher"] == "ray":
+        addr = ray_master_addr(out["ray_init_config"])
     if addr is None:
         addr = "127.0.0.1" if out["launcher"] == "mp" else socket.gethostbyname(socket.gethostname())
     out["master_addr"] = _check_address("master_addr", addr)

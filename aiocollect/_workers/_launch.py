@@ -16,7 +16,7 @@ from typing import Any
 
 __all__ = ["LAUNCHERS", "make_launcher"]
 
-LAUNCHERS = ("mp", "submitit", "external")
+LAUNCHERS = ("mp", "submitit", "external", "ray")
 
 #: TorchRL's SLURM defaults, which ``slurm_kwargs`` update.
 DEFAULT_SLURM_CONF = {"timeout_min": 10, "slurm_partition": "train", "cpus_per_task": 32, "gpus_per_node": 0}
@@ -207,6 +207,10 @@ def make_launcher(options: dict[str, Any], main: Callable[..., None] | None = No
         return MpLauncher(options["start_method"], main)
     if name == "submitit":
         return SubmititLauncher(options["slurm_kwargs"], options["submitit_folder"], main)
+    if name == "ray":
+        from ._launch_ray import RayLauncher
+
+        return RayLauncher(options["ray_init_config"], options["remote_configs"], main)  # type: ignore[arg-type]
     launcher = Launcher()
     launcher.can_kill = False
     return launcher

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._launch import make_launcher
+from ._launch_ray import check_ray_launcher_options, check_ray_node_count, ray_master_addr
 from ._messages import Exited
 from ._remote import Done, RemoteTransport
 from ._remote_node import HostSetup
@@ -45,9 +46,9 @@ _DEFAULT_MAIN = "aiocollect._workers._loop:run_worker"
 OPTIONS = {
     "launcher": "mp", "start_method": None, "master_addr": None, "tcp_port": None, "slurm_kwargs": None,
     "submitit_folder": "aiocollect_submitit", "tensorpipe_options": None, "worker_main": _DEFAULT_MAIN,
-    "join_timeout": 300.0, "beat_interval": 0.5,
+    "join_timeout": 300.0, "beat_interval": 0.5, "ray_init_config": None, "remote_configs": None,
 }  # fmt: skip
-LAUNCHERS = ("mp", "submitit")
+LAUNCHERS = ("mp", "submitit", "ray")
 _TP_DEFAULTS = {"num_worker_threads": 16}  # TorchRL's
 
 
@@ -67,6 +68,7 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
     if out["launcher"] == "submitit":
         if importlib.util.find_spec("submitit") is None:
             raise RuntimeError("launcher='submitit' needs submitit: pip install submitit")
+    check_ray_launcher_options(out)
     out["slurm_kwargs"] = dict(out["slurm_kwargs"] or {})
     method = out["start_method"] or _default_start_method()
     if method not in START_METHODS:
@@ -82,6 +84,8 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
             raise ValueError(f"tcp_port must be an int in [1, 65535] or None (any free port), got {port!r}")
     out["tcp_port"] = port
     addr = out["master_addr"] or os.environ.get("MASTER_ADDR")
+    if addr is None and out["launcher"] == "ray":
+        addr = ray_master_addr(out["ray_init_config"])
     if addr is None:
         addr = "127.0.0.1" if out["launcher"] == "mp" else socket.gethostbyname(socket.gethostname())
     if not isinstance(addr, str) or not addr:
@@ -122,6 +126,7 @@ class RpcTransport(RemoteTransport):
         return check_options(options)
 
     def __init__(self, num_workers: int, options: dict[str, Any], weights_layout: Any) -> None:
+        check_ray_node_count(options, num_workers)
         super().__init__(num_workers, options, weights_layout)
         self._session = secrets.token_hex(4)
         self._launcher: Any = None

@@ -73,6 +73,7 @@ def rpc_node_main(
     # A launcher starts nodes as daemon processes, but a node's own collector starts
     # worker processes: allow it to.
     multiprocessing.current_process()._config["daemon"] = False  # type: ignore[attr-defined]
+    _EXIT.clear()  # a process that hosted a node of an earlier group (a reused Ray worker)
     init_rpc_quietly(node_name(session, rank), rank, world_size, backend_options(master_addr, port, timeout, extra))
     try:
         _EXIT.wait()

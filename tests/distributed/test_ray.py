@@ -3,7 +3,7 @@
 The module starts Ray once (``num_cpus=2``, on 127.0.0.1) and every collector here joins it,
 so it must leave Ray running. Ray keeps a pool of idle worker processes and its own system
 processes: the leak check of this module ignores those, but fails a test whose actors (or
-anything they started) outlive it. `test_ray_lifecycle.py` checks the collector that starts
+anything they started) outlive it. `test_ray_lifecycle.py` checks a collector that starts
 Ray itself.
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 from functools import partial
 
 import anyio
@@ -24,47 +23,13 @@ from aiocollect import RayCollector, ReplayBuffer, WorkerCrashedError, WorkerErr
 from aiocollect.testing import CountingEnv, FailingEnv, ScriptedPolicy
 
 ray = pytest.importorskip("ray")
+from _ray_procs import local_ray, no_leaks  # noqa: E402, F401  (the module's Ray and its leak check)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 
 WORKER_ID, TRAJ, VERSION = ("collector", "worker_id"), ("collector", "traj_ids"), ("collector", "policy_version")
 # Half a CPU per actor: two actors and the module's spare capacity fit in num_cpus=2.
 ACTOR = {"num_cpus": 0.5, "memory": 256 * 1024**2}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def local_ray() -> Iterator[None]:
-    from _ray_procs import ray_processes
-
-    before = ray_processes()
-    # Actors unpickle this module's env factories by reference: they must import it (as a
-    # user's cluster must import the user's modules).
-    here = os.path.dirname(os.path.abspath(__file__))
-    ray.init(runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}},
-             num_cpus=2, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
-    deadline = time.monotonic() + 10
-    while ray_processes() - before and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not ray_processes() - before, f"Ray processes outlived ray.shutdown(): {ray_processes() - before}"
-
-
-@pytest.fixture(autouse=True)
-def no_leaks() -> Iterator[None]:
-    """This module's leak check: Ray's idle pool and system processes are not the test's."""
-    from _ray_procs import ray_snapshot
-
-    from _leaks import find_leaks, wait_for_no_leaks
-
-    before = ray_snapshot()
-    yield
-    after = wait_for_no_leaks(before, timeout=10.0, snapshot=ray_snapshot, fd_slack=8)
-    problems = find_leaks(before, after, fd_slack=8)
-    if problems:
-        pytest.fail("resources leaked by the test:\n  " + "\n  ".join(problems), pytrace=False)
 
 
 def scripted(weight: float = 1.0) -> TensorDictModule:
@@ -84,7 +49,9 @@ def kw(**extra: object) -> dict[str, object]:
 )
 async def test_two_actors_deliver_batches_with_global_ids(sync: bool, loopback_only) -> None:
     with anyio.fail_after(120):
-        async with RayCollector([counting] * 2, scripted(), frames_per_batch=20, total_frames=100, sync=sync, **kw()) as c:
+        async with RayCollector(
+            [counting] * 2, scripted(), frames_per_batch=20, total_frames=100, sync=sync, **kw()
+        ) as c:
             batches = [b async for b in c]
             pids = c._worker_pids()
     assert c.stats().frames == 100
@@ -181,7 +148,9 @@ async def test_a_killed_actor_is_replaced_with_the_current_weights() -> None:
 async def test_replay_buffer_receives_actor_batches() -> None:
     rb = ReplayBuffer(capacity=1000)
     with anyio.fail_after(120):
-        async with RayCollector([counting] * 2, scripted(), frames_per_batch=20, total_frames=80, replay_buffer=rb, **kw()) as c:
+        async with RayCollector(
+            [counting] * 2, scripted(), frames_per_batch=20, total_frames=80, replay_buffer=rb, **kw()
+        ) as c:
             got = [b async for b in c]
     assert got == [None] * 4 and len(rb) == 80
 
@@ -221,4 +190,4 @@ async def test_break_stops_every_actor_within_the_deadline() -> None:
     gone_by = time.monotonic() + 5
     while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
         assert time.monotonic() < gone_by, "an actor process outlived the collector"
-        time.sleep(0.05)
+        await anyio.sleep(0.05)

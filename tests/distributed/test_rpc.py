@@ -141,3 +141,7 @@ def test_bad_arguments_fail_before_anything_starts() -> None:
         RPCCollector([counting] * 2, frames_per_batch=10, launcher="external")
     with pytest.raises(ValueError, match="tensorpipe_options sets 'rpc_timeout'"):
         RPCCollector([counting] * 2, frames_per_batch=10, launcher="mp", tensorpipe_options={"rpc_timeout": 1})
+    with pytest.raises(ValueError, match=r"^remote_configs is only for launcher='ray', got launcher='mp'$"):
+        RPCCollector([counting] * 2, frames_per_batch=10, launcher="mp", remote_configs={"num_cpus": 1})
+    with pytest.raises(ValueError, match=r"^remote_configs lists 3 dicts for 2 nodes; give one per node$"):
+        RPCCollector([counting] * 2, frames_per_batch=10, launcher="ray", remote_configs=[{}] * 3)
