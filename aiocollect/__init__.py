@@ -38,6 +38,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "DistributedSyncCollector": ("._dist._collectors", "DistributedSyncCollector"),
     "RayCollector": ("._dist._ray_collector", "RayCollector"),
     "RPCCollector": ("._dist._rpc_collector", "RPCCollector"),
+    "submitit_delayed_launcher": ("._dist._delayed", "submitit_delayed_launcher"),
     "AsyncEnvPool": ("._envs._pool", "AsyncEnvPool"),
     "PrioritizedSampler": ("._buffer._prioritized", "PrioritizedSampler"),
     "RandomSampler": ("._buffer._samplers", "RandomSampler"),
@@ -109,6 +110,7 @@ __all__ = (
     "WouldBlock",
     "aSyncDataCollector",
     "split_trajectories",
+    "submitit_delayed_launcher",
     "wrap_gymnasium",
 )
 

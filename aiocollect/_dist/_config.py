@@ -12,6 +12,7 @@ from typing import Any
 
 from .._core._validate import check_bool, check_int
 from .._multi._config import MultiConfig, resolve_multi_config
+from .._workers._launch_delayed import check_delayed_node_count
 from .._workers._launch_ray import check_ray_node_count
 
 __all__ = ["DistConfig", "resolve_dist_config"]
@@ -153,6 +154,7 @@ def resolve_dist_config(
     if options.get("node_hosts") is not None and len(options["node_hosts"]) != n:
         raise ValueError(f"node_hosts lists {len(options['node_hosts'])} addresses for {n} nodes; give one per node")
     check_ray_node_count(options, n)
+    check_delayed_node_count(options, n)
     mc = dataclasses.replace(mc, transport_options=options, total_fpb=fpb)
     node_kwargs = [
         {

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ._launch import LAUNCHERS
+from ._launch_delayed import apply_delayed_context
 from ._launch_ray import check_ray_launcher_options, ray_master_addr
 from ._subprocess import START_METHODS, _default_start_method
 from ._wire import BACKENDS
@@ -24,6 +25,7 @@ OPTIONS = {
     "backend": "gloo", "launcher": "mp", "start_method": None, "master_addr": None, "tcp_port": None,
     "node_hosts": None, "slurm_kwargs": None, "submitit_folder": "aiocollect_submitit", "worker_main": _DEFAULT_MAIN,
     "join_timeout": 300.0, "beat_interval": 0.5, "ray_init_config": None, "remote_configs": None,
+    "delayed": None,  # set from the environment with launcher="submitit_delayed"
 }  # fmt: skip
 
 
@@ -67,6 +69,8 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
         if importlib.util.find_spec("submitit") is None:
             raise RuntimeError("launcher='submitit' needs submitit: pip install submitit")
     check_ray_launcher_options(out)
+    if out["launcher"] == "submitit_delayed":
+        apply_delayed_context(out, "distributed", out["backend"])
     out["slurm_kwargs"] = dict(out["slurm_kwargs"] or {})
     method = out["start_method"] or _default_start_method()
     if method not in START_METHODS:

@@ -16,7 +16,7 @@ from typing import Any
 
 __all__ = ["LAUNCHERS", "make_launcher"]
 
-LAUNCHERS = ("mp", "submitit", "external", "ray")
+LAUNCHERS = ("mp", "submitit", "external", "ray", "submitit_delayed")
 
 #: TorchRL's SLURM defaults, which ``slurm_kwargs`` update.
 DEFAULT_SLURM_CONF = {"timeout_min": 10, "slurm_partition": "train", "cpus_per_task": 32, "gpus_per_node": 0}
@@ -129,15 +129,8 @@ class SubmititLauncher(Launcher):
     """Jobs through submitit: SLURM where it exists, submitit's local executor elsewhere."""
 
     def __init__(self, slurm_kwargs: dict[str, Any], folder: str, main: Callable[..., None] | None = None) -> None:
-        import submitit
-
         self._main = main
-        cluster = None if submitit.AutoExecutor.which() == "slurm" else "local"
-        self._executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
-        params = dict(DEFAULT_SLURM_CONF, **slurm_kwargs)
-        if cluster == "local":  # slurm-only settings mean nothing to the local executor
-            params = {k: v for k, v in params.items() if not k.startswith("slurm_")}
-        self._executor.update_parameters(**params)
+        self._executor = submitit_executor(folder, {**DEFAULT_SLURM_CONF, **slurm_kwargs})
         self._jobs: dict[int, Any] = {}
         self._lock = threading.Lock()
 
@@ -150,54 +143,65 @@ class SubmititLauncher(Launcher):
     def kill(self, rank: int) -> None:
         job = self._jobs.get(rank)
         if job is not None:
-            self._cancel(job)
-
-    @staticmethod
-    def _cancel(job: Any) -> None:
-        try:
-            job.cancel(check=False)  # local executor: SIGINT, its controller then ends the node
-        except Exception:
-            pass
-
-    @staticmethod
-    def _controller(job: Any) -> subprocess.Popen[bytes] | None:
-        # The local executor's controller process (submitit has no public handle for it); a
-        # SLURM job has none, and the scheduler cleans up after it.
-        return getattr(job, "_process", None)
+            cancel_job(job)
 
     def reap(self, rank: int, timeout: float) -> None:
         job = self._jobs.pop(rank, None)
-        if job is None:
-            return
-        proc = self._controller(job)
-        if proc is None:
-            if not job.done():
-                self._cancel(job)
-            return
-        # A local job outlives its node by the result pickle, the interpreter's exit and the
-        # controller's next poll: give it that long before cancelling it.
-        self._wait(job, proc, timeout + LOCAL_EXIT_GRACE)
-
-    def _wait(self, job: Any, proc: subprocess.Popen[bytes], timeout: float) -> None:
-        try:
-            proc.wait(timeout)
-            return
-        except subprocess.TimeoutExpired:
-            self._cancel(job)
-        try:
-            proc.wait(LOCAL_EXIT_GRACE)  # the controller sends SIGINT, then SIGKILL after 1 s
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if job is not None:
+            end_job(job, timeout)
 
     def close(self) -> None:
         jobs, self._jobs = dict(self._jobs), {}
         for job in jobs.values():
-            self._cancel(job)
+            cancel_job(job)
         for job in jobs.values():
-            proc = self._controller(job)
-            if proc is not None:
-                self._wait(job, proc, LOCAL_EXIT_GRACE)
+            end_job(job, 0.0)
+
+
+def submitit_executor(folder: str, params: dict[str, Any]) -> Any:
+    """A submitit executor: SLURM where it exists, else the local executor (without ``slurm_*`` settings)."""
+    import submitit
+
+    cluster = None if submitit.AutoExecutor.which() == "slurm" else "local"
+    executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
+    if cluster == "local":  # slurm-only settings mean nothing to the local executor
+        params = {k: v for k, v in params.items() if not k.startswith("slurm_")}
+    executor.update_parameters(**params)
+    return executor
+
+
+def cancel_job(job: Any) -> None:
+    """Cancel a submitit job, quietly (it may have ended)."""
+    try:
+        job.cancel(check=False)  # local executor: SIGINT, its controller then ends the job
+    except Exception:
+        pass
+
+
+def end_job(job: Any, timeout: float) -> None:
+    """Give a job ``timeout`` seconds (plus the local executor's exit grace) to end, then cancel it.
+
+    Blocking; run off the event loop.
+    """
+    # The local executor's controller process (submitit has no public handle for it); a
+    # SLURM job has none, and the scheduler cleans up after it.
+    proc: subprocess.Popen[bytes] | None = getattr(job, "_process", None)
+    if proc is None:
+        if not job.done():
+            cancel_job(job)
+        return
+    # A local job outlives its function by the result pickle, the interpreter's exit and the
+    # controller's next poll: give it that long before cancelling it.
+    try:
+        proc.wait(timeout + LOCAL_EXIT_GRACE)
+        return
+    except subprocess.TimeoutExpired:
+        cancel_job(job)
+    try:
+        proc.wait(LOCAL_EXIT_GRACE)  # the controller sends SIGINT, then SIGKILL after 1 s
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def make_launcher(options: dict[str, Any], main: Callable[..., None] | None = None) -> Launcher:

@@ -38,7 +38,9 @@ def check_ray_launcher_options(out: dict[str, Any]) -> None:
     if init is not None and not isinstance(init, Mapping):
         raise TypeError(f"ray_init_config must be a dict of ray.init arguments or None, got {init!r}")
     out["ray_init_config"] = dict(init or {})
-    listed = configs if isinstance(configs, (list, tuple)) else [configs if configs is not None else DEFAULT_NODE_CONFIG]
+    if configs is None:
+        configs = DEFAULT_NODE_CONFIG
+    listed = configs if isinstance(configs, (list, tuple)) else [configs]
     if not all(isinstance(c, Mapping) for c in listed):
         raise TypeError(f"remote_configs must be a dict of Ray task options (or one per node) or None, got {configs!r}")
     for c in listed:

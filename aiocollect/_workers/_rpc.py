@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._launch import make_launcher
+from ._launch_delayed import apply_delayed_context, check_delayed_node_count
 from ._launch_ray import check_ray_launcher_options, check_ray_node_count, ray_master_addr
 from ._messages import Exited
 from ._remote import Done, RemoteTransport
@@ -47,9 +48,10 @@ OPTIONS = {
     "launcher": "mp", "start_method": None, "master_addr": None, "tcp_port": None, "slurm_kwargs": None,
     "submitit_folder": "aiocollect_submitit", "tensorpipe_options": None, "worker_main": _DEFAULT_MAIN,
     "join_timeout": 300.0, "beat_interval": 0.5, "ray_init_config": None, "remote_configs": None,
+    "delayed": None,  # set from the environment with launcher="submitit_delayed"
 }  # fmt: skip
-LAUNCHERS = ("mp", "submitit", "ray")
-_TP_DEFAULTS = {"num_worker_threads": 16}  # TorchRL's
+LAUNCHERS = ("mp", "submitit", "ray", "submitit_delayed")
+TENSORPIPE_DEFAULTS = {"num_worker_threads": 16}  # TorchRL's
 
 
 def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -69,6 +71,8 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
         if importlib.util.find_spec("submitit") is None:
             raise RuntimeError("launcher='submitit' needs submitit: pip install submitit")
     check_ray_launcher_options(out)
+    if out["launcher"] == "submitit_delayed":
+        apply_delayed_context(out, "rpc")
     out["slurm_kwargs"] = dict(out["slurm_kwargs"] or {})
     method = out["start_method"] or _default_start_method()
     if method not in START_METHODS:
@@ -97,7 +101,7 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
     owned = sorted(set(tp) & {"init_method", "rpc_timeout"})
     if owned:
         raise ValueError(f"tensorpipe_options sets {owned[0]!r}, which the collector sets (use tcp_port/join_timeout)")
-    out["tensorpipe_options"] = {**_TP_DEFAULTS, **tp}
+    out["tensorpipe_options"] = {**TENSORPIPE_DEFAULTS, **tp}
     for key in ("join_timeout", "beat_interval"):
         value = out[key]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
@@ -127,8 +131,11 @@ class RpcTransport(RemoteTransport):
 
     def __init__(self, num_workers: int, options: dict[str, Any], weights_layout: Any) -> None:
         check_ray_node_count(options, num_workers)
+        check_delayed_node_count(options, num_workers)
         super().__init__(num_workers, options, weights_layout)
-        self._session = secrets.token_hex(4)
+        delayed = options.get("delayed")
+        # Nodes launched ahead (submitit_delayed) named themselves after the decorator's session.
+        self._session = secrets.token_hex(4) if delayed is None else delayed["session"]
         self._launcher: Any = None
         self._rpc_up = False
         self._hosted = [0] * num_workers
@@ -146,6 +153,11 @@ class RpcTransport(RemoteTransport):
         port = opts["tcp_port"] or _free_port(opts["master_addr"])
         self._launcher = make_launcher(opts, rpc_node_main)
         args = (opts["master_addr"], port, opts["join_timeout"], opts["tensorpipe_options"])
+        if opts.get("delayed") is not None:
+            # Nodes launched ahead cannot know how many groups this process formed: both
+            # sides count from 0 (the rendezvous store is new for each group).
+            with rpc._init_counter_lock:  # type: ignore[attr-defined]
+                rpc._init_counter = 0  # type: ignore[attr-defined]
         generation = rpc._init_counter  # type: ignore[attr-defined]  # see rpc_node_main
         for rank in range(1, n + 1):
             self._launcher.launch(rank, (args[0], args[1], rank, n + 1, args[2], args[3], generation, self._session))

@@ -60,7 +60,8 @@ def local_ray() -> Iterator[None]:
     # Actors and tasks unpickle the test modules' env factories by reference: they must
     # import them (as a user's cluster must import the user's modules).
     here = os.path.dirname(os.path.abspath(__file__))
-    ray.init(runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([here, os.path.dirname(here), os.environ.get("PYTHONPATH", "")])}},
+    path = os.pathsep.join([here, os.path.dirname(here), os.environ.get("PYTHONPATH", "")])
+    ray.init(runtime_env={"env_vars": {"PYTHONPATH": path}},
              num_cpus=2, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False)  # fmt: skip
     try:
         yield

@@ -24,7 +24,7 @@ CASES: list[tuple[type, dict[str, Any], type, str]] = [
     (DistributedCollector, {"frames_per_batch": 41, "sync": True},
      ValueError, "frames_per_batch=41 must split evenly across 2 nodes when every node's share is gathered; use a multiple of 2, e.g. 42"),
     (DistributedSyncCollector, {"frames_per_batch": 41}, ValueError, "frames_per_batch=41 must split evenly across 2 nodes"),
-    (DistributedCollector, {"launcher": "slurm"}, ValueError, "launcher must be one of 'mp', 'submitit', 'external', 'ray', got 'slurm'"),
+    (DistributedCollector, {"launcher": "slurm"}, ValueError, "launcher must be one of 'mp', 'submitit', 'external', 'ray', 'submitit_delayed', got 'slurm'"),
     (DistributedCollector, {"ray_init_config": {"num_cpus": 1}}, ValueError, "ray_init_config is only for launcher='ray', got launcher='mp'"),
     (DistributedCollector, {"launcher": "ray", "remote_configs": [{}] * 3}, ValueError, "remote_configs lists 3 dicts for 2 nodes; give one per node"),
     (DistributedCollector, {"launcher": "ray", "remote_configs": {"max_retries": 2}},

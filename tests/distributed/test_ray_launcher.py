@@ -42,8 +42,9 @@ def kw(**extra: object) -> dict[str, object]:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def tensorpipe_process_state(local_ray: None) -> None:
+def tensorpipe_process_state(request: pytest.FixtureRequest) -> None:
     """Form and close two RPC groups first: TensorPipe keeps process-wide descriptors (see test_rpc.py)."""
+    request.getfixturevalue("local_ray")  # the nodes run on it
 
     async def one() -> None:
         async with RPCCollector([counting] * 2, frames_per_batch=10, total_frames=10, **kw()) as c:
@@ -66,10 +67,16 @@ def running_node_tasks(pids: list[int]) -> list[int]:
     return out
 
 
-async def wait_tasks_ended(pids: list[int], timeout: float) -> None:
-    with anyio.fail_after(timeout):
-        while running_node_tasks(pids):
-            await anyio.sleep(0.05)
+async def wait_tasks_ended(pids: list[int], within: float) -> None:
+    """Wait for the node tasks' processes to exit (one process per task: they end together)."""
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = await anyio.to_thread.run_sync(lambda: psutil.wait_procs(procs, timeout=within))
+    assert not alive, f"node task processes outlived the collector: {[p.pid for p in alive]}"
 
 
 def check_batches(batches: list, sync: bool, nodes: int = 2) -> None:
