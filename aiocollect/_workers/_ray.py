@@ -18,7 +18,6 @@ weights before it collects.
 from __future__ import annotations
 
 import importlib.util
-
 import math
 import os
 import threading

@@ -13,7 +13,6 @@ RPC is process-wide in torch: one RPC group per process, so one `RPCCollector` a
 from __future__ import annotations
 
 import importlib.util
-
 import math
 import multiprocessing.connection
 import os
