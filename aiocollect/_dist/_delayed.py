@@ -61,7 +61,7 @@ class submitit_delayed_launcher:  # lower case: TorchRL's name, and it is used a
         ...             async for batch in c:
         ...                 ...
         ...     anyio.run(train)
-        >>> if __name__ == "__main__":  # doctest: +SKIP
+        >>> if __name__ == "__main__":
         ...     main()
     """
 

@@ -36,8 +36,8 @@ from .._core._errors import WorkerCrashedError, worker_error_from_message
 from .._core._notify import Notifier
 from ._distributed_node import control_key, torchrun_store_port
 from ._distributed_options import check_options
-from ._launch import make_launcher
 from ._launch_ray import check_ray_node_count
+from ._launchers import make_launcher
 from ._messages import ApplyWeights, BatchReady, Close, Command, Event, Exited, Failed, Ready
 from ._transport import Tensors, Transport
 from ._wire import (

@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
-from ._launch import LAUNCHERS
 from ._launch_delayed import apply_delayed_context
 from ._launch_ray import check_ray_launcher_options, ray_master_addr
+from ._launchers import LAUNCHERS
 from ._subprocess import START_METHODS, _default_start_method
 from ._wire import BACKENDS
 

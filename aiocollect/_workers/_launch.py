@@ -14,9 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["LAUNCHERS", "make_launcher"]
-
-LAUNCHERS = ("mp", "submitit", "external", "ray", "submitit_delayed")
+__all__ = ["Launcher", "MpLauncher", "SubmititLauncher", "cancel_job", "end_job", "submitit_executor"]
 
 #: TorchRL's SLURM defaults, which ``slurm_kwargs`` update.
 DEFAULT_SLURM_CONF = {"timeout_min": 10, "slurm_partition": "train", "cpus_per_task": 32, "gpus_per_node": 0}
@@ -70,7 +68,9 @@ class MpLauncher(Launcher):
 
         _check_not_bootstrapping()
         self._codes.pop(rank, None)
-        process = self._ctx.Process(target=self._main or node_main, args=args, name=f"aiocollect-node-{rank}", daemon=True)
+        process = self._ctx.Process(
+            target=self._main or node_main, args=args, name=f"aiocollect-node-{rank}", daemon=True
+        )
         with _START_LOCK:  # as in the subprocess transport: never fix the global start method
             default = getattr(multiprocessing.context, "_default_context", None)
             unset = getattr(default, "_actual_context", False) is None
@@ -202,19 +202,3 @@ def end_job(job: Any, timeout: float) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-
-
-def make_launcher(options: dict[str, Any], main: Callable[..., None] | None = None) -> Launcher:
-    """The launcher named by the transport's ``launcher`` option, starting ``main`` (`node_main`)."""
-    name = options["launcher"]
-    if name == "mp":
-        return MpLauncher(options["start_method"], main)
-    if name == "submitit":
-        return SubmititLauncher(options["slurm_kwargs"], options["submitit_folder"], main)
-    if name == "ray":
-        from ._launch_ray import RayLauncher
-
-        return RayLauncher(options["ray_init_config"], options["remote_configs"], main)  # type: ignore[arg-type]
-    launcher = Launcher()
-    launcher.can_kill = False
-    return launcher

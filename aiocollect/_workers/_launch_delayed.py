@@ -95,8 +95,7 @@ def delayed_node(ctx: dict[str, Any], rank: int, timeout: float) -> None:
 
         node_main(ctx["addr"], ctx["port"], rank, None, timeout, world)
     else:
-        from ._rpc import TENSORPIPE_DEFAULTS
-        from ._rpc_node import rpc_node_main
+        from ._rpc_node import TENSORPIPE_DEFAULTS, rpc_node_main
 
         # The trainer sets its RPC group counter to 0 for these nodes (see RpcTransport._open).
         rpc_node_main(ctx["addr"], ctx["port"], rank, world, timeout, dict(TENSORPIPE_DEFAULTS), 0, ctx["session"])

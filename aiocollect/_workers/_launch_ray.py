@@ -82,7 +82,9 @@ def _run_node(main: Callable[..., None], args: tuple[Any, ...]) -> None:
 class RayLauncher(Launcher):
     """Nodes as Ray tasks: on the cluster at ``ray_init_config["address"]``, or a local Ray started here."""
 
-    def __init__(self, init_config: dict[str, Any], configs: list[dict[str, Any]], main: Callable[..., None]) -> None:
+    def __init__(
+        self, init_config: dict[str, Any], configs: list[dict[str, Any]], main: Callable[..., None] | None
+    ) -> None:
         import ray
 
         from ._ray import _acquire_ray

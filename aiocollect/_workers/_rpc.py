@@ -22,13 +22,14 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from ._launch import make_launcher
 from ._launch_delayed import apply_delayed_context, check_delayed_node_count
 from ._launch_ray import check_ray_launcher_options, check_ray_node_count, ray_master_addr
+from ._launchers import make_launcher
 from ._messages import Exited
 from ._remote import Done, RemoteTransport
 from ._remote_node import HostSetup
 from ._rpc_node import (
+    TENSORPIPE_DEFAULTS,
     backend_options,
     host_call,
     host_create,
@@ -50,7 +51,6 @@ OPTIONS = {
     "delayed": None,  # set from the environment with launcher="submitit_delayed"
 }  # fmt: skip
 LAUNCHERS = ("mp", "submitit", "ray", "submitit_delayed")
-TENSORPIPE_DEFAULTS = {"num_worker_threads": 16}  # TorchRL's
 
 
 def check_options(options: Mapping[str, Any]) -> dict[str, Any]:

@@ -15,7 +15,19 @@ from typing import Any
 
 from ._remote_node import HostSetup, NodeHost
 
-__all__ = ["host_call", "host_create", "host_drop", "init_rpc_quietly", "node_exit", "node_name", "rpc_node_main"]
+__all__ = [
+    "TENSORPIPE_DEFAULTS",
+    "host_call",
+    "host_create",
+    "host_drop",
+    "init_rpc_quietly",
+    "node_exit",
+    "node_name",
+    "rpc_node_main",
+]
+
+#: TensorPipe options of every member unless ``tensorpipe_options`` says otherwise (TorchRL's).
+TENSORPIPE_DEFAULTS = {"num_worker_threads": 16}
 
 _HOSTS: dict[str, NodeHost] = {}
 _EXIT = threading.Event()
@@ -34,9 +46,7 @@ def backend_options(master_addr: str, port: int, timeout: float, extra: dict[str
     """TensorPipe options of every member: the trainer's rendezvous address, then ``extra``."""
     import torch.distributed.rpc as rpc
 
-    return rpc.TensorPipeRpcBackendOptions(
-        init_method=f"tcp://{master_addr}:{port}", rpc_timeout=timeout, **extra
-    )
+    return rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://{master_addr}:{port}", rpc_timeout=timeout, **extra)
 
 
 def init_rpc_quietly(name: str, rank: int, world_size: int, options: Any) -> None:
