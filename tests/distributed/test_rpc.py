@@ -134,6 +134,18 @@ async def test_break_stops_every_node_within_the_deadline() -> None:
     assert closed < 2.0, f"shutdown took {closed:.2f}s"
 
 
+async def test_submitit_local_executor_runs_rpc_nodes(tmp_path) -> None:
+    pytest.importorskip("submitit")
+    with anyio.fail_after(100):
+        async with RPCCollector(
+            [partial(CountingEnv, 1, episode_length=7)] * 2, scripted(), frames_per_batch=20, total_frames=60, sync=True,
+            launcher="submitit", submitit_folder=str(tmp_path), shutdown_timeout=10.0,
+        ) as c:  # fmt: skip
+            batches = [b async for b in c]
+    assert [b[WORKER_ID][:, 0, 0].tolist() for b in batches] == [[0, 1]] * 3
+    assert any(tmp_path.iterdir()), "submitit wrote no job folder: the launcher did not go through it"
+
+
 def test_bad_arguments_fail_before_anything_starts() -> None:
     with pytest.raises(ValueError, match="backend must be 'gloo'"):
         RPCCollector([counting] * 2, frames_per_batch=10, backend="nccl", launcher="mp")
