@@ -1,0 +1,286 @@
+"""PPO on CartPole-v1 with an aiocollect.RayCollector (CleanRL-style, single file).
+
+Collection runs on Ray actors: here two actors on a local Ray instance that the collector starts
+(on 127.0.0.1) and shuts down when it closes. Each actor runs an aiocollect ``Collector`` that
+steps its own gymnasium vector env; this process is the trainer. With ``sync=True`` it asks every
+actor for its share of each batch, collected with the latest weights, and gets them stacked as a
+TensorDict of shape [num_actors, num_envs, T]. After each PPO update
+``await collector.update_policy_weights_()`` puts the weights into Ray's object store once and
+returns when every actor has applied them; every frame records the version it was collected with.
+
+    python examples/ray_train.py                    # trains until the target return is reached
+    python examples/ray_train.py --help             # every hyperparameter
+    python examples/ray_train.py --total-frames 1024 --frames-per-batch 256 \
+        --update-epochs 1                           # seconds-long smoke run
+
+To collect on a running Ray cluster instead, pass its address (``--ray-address auto`` on one of
+its machines). The collector joins it, and at the end disconnects from it and leaves it running;
+aiocollect, torch and gymnasium must be installed where the actors run (see docs/scaling.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import math
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import gymnasium as gym
+import torch
+import torch.nn as nn
+from tensordict import TensorDict
+from torch.distributions import Categorical
+from tqdm import tqdm
+
+from aiocollect import RayCollector
+
+
+# ================================================================================================
+# Arguments
+# ================================================================================================
+def arg(default, help):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class Args:
+    seed: int = arg(1, "seed of the experiment (network init, envs and action sampling)")
+    num_threads: int = arg(1, "torch intra-op threads of the trainer (1 is fastest for a tiny MLP)")
+    env_id: str = arg("CartPole-v1", "gymnasium environment id")
+    num_actors: int = arg(2, "Ray actors, each stepping its own vector env")
+    num_envs: int = arg(4, "envs in each actor's synchronous gymnasium vector env")
+    frames_per_batch: int = arg(1024, "frames per batch over all actors (a multiple of num_actors)")
+    total_frames: int = arg(512_000, "frame budget of the run (a multiple of frames_per_batch)")
+    ray_address: str = arg("", "address of a running Ray cluster, or auto (empty: start a local Ray)")
+    ray_num_cpus: int = arg(0, "CPUs of the local Ray instance (0: every core of this machine)")
+    cpus_per_actor: float = arg(1.0, "CPUs Ray reserves for each actor (remote_configs num_cpus)")
+    restart_actors: int = arg(1, "dead actors to replace (with the current weights) before failing")
+    target_return: float = arg(450.0, "stop once the mean return of the last episodes reaches this")
+    return_window: int = arg(20, "number of most recent episodes the mean return is taken over")
+    learning_rate: float = arg(1e-3, "Adam learning rate")
+    anneal_lr: bool = arg(True, "anneal the learning rate linearly to 0 over total_frames")
+    gamma: float = arg(0.99, "discount factor gamma")
+    gae_lambda: float = arg(0.95, "lambda of generalized advantage estimation")
+    update_epochs: int = arg(4, "PPO epochs over each batch")
+    num_minibatches: int = arg(4, "minibatches per epoch")
+    norm_adv: bool = arg(True, "normalize advantages within each minibatch")
+    clip_coef: float = arg(0.2, "surrogate clipping coefficient epsilon")
+    ent_coef: float = arg(0.0, "entropy bonus coefficient")
+    vf_coef: float = arg(0.5, "value-loss coefficient")
+    max_grad_norm: float = arg(0.5, "global gradient-norm clipping threshold")
+    hidden_size: int = arg(64, "width of the two hidden layers of actor and critic")
+
+
+def parse_args() -> Args:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for f in dataclasses.fields(Args):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type == "bool":
+            action = argparse.BooleanOptionalAction
+            parser.add_argument(flag, default=f.default, help=f.metadata["help"], action=action)
+        else:
+            kind = {"int": int, "float": float, "str": str}[f.type]
+            text = f.metadata["help"] + " (default: %(default)s)"
+            parser.add_argument(flag, type=kind, default=f.default, help=text)
+    return Args(**vars(parser.parse_args()))
+
+
+def ray_init_config(args: Args) -> dict[str, Any]:
+    """The ``ray.init`` arguments the collector uses when this process is not connected to Ray."""
+    if args.ray_address:
+        return {"address": args.ray_address}  # join: the cluster outlives the collector
+    # A private local instance on loopback. Ray reads these variables when it is imported, which
+    # aiocollect does only when the collector starts: the first keeps Ray's own connections on
+    # 127.0.0.1, the second turns off usage statistics.
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    return {"num_cpus": args.ray_num_cpus or None, "_node_ip_address": "127.0.0.1"}
+
+
+# ================================================================================================
+# Environments: a module-level factory, pickled to each actor and called there
+# ================================================================================================
+def make_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
+    return gym.make_vec(env_id, num_envs, vectorization_mode="sync")
+
+
+# ================================================================================================
+# Networks: the actor gives the logits of pi(a|s), the critic gives V(s)
+# ================================================================================================
+def mlp(in_features: int, out_features: int, hidden: int, out_std: float) -> nn.Sequential:
+    layers = [
+        nn.Linear(in_features, hidden), nn.Tanh(),
+        nn.Linear(hidden, hidden), nn.Tanh(),
+        nn.Linear(hidden, out_features),
+    ]  # fmt: skip
+    for layer, std in zip(layers[::2], (math.sqrt(2), math.sqrt(2), out_std), strict=True):
+        nn.init.orthogonal_(layer.weight, std)
+        nn.init.zeros_(layer.bias)
+    return nn.Sequential(*layers)
+
+
+class Policy(nn.Module):
+    """The collection policy, sampling a_t ~ pi(.|s_t), sent to every Ray actor.
+
+    An nn.Module, so ``update_policy_weights_()`` knows which weights to send; ``forward`` takes
+    one argument annotated ``TensorDict``, so it is called as a TensorDict policy and may write
+    ``action_log_prob`` next to ``action``.
+    """
+
+    def __init__(self, actor: nn.Module) -> None:
+        super().__init__()
+        self.actor = actor  # the very module the optimizer trains
+
+    def forward(self, td: TensorDict) -> TensorDict:
+        dist = Categorical(logits=self.actor(td["observation"]))
+        td["action"] = dist.sample()
+        td["action_log_prob"] = dist.log_prob(td["action"])  # stored in the batch for the ratio
+        return td
+
+
+# ================================================================================================
+# Generalized advantage estimation (Schulman et al., 2016), by hand
+# ================================================================================================
+@torch.no_grad()
+def compute_gae(batch: TensorDict, critic: nn.Module, gamma: float, lmbda: float) -> TensorDict:
+    """Write "advantage" A_t and "value_target" R_t = A_t + V(s_t) into a [rows, T] batch."""
+    value = critic(batch["observation"]).squeeze(-1)  # V(s_t)
+    next_value = critic(batch["next", "observation"]).squeeze(-1)  # V(s_{t+1}), a real next state
+    reward = batch["next", "reward"].squeeze(-1)
+    terminated = batch["next", "terminated"].squeeze(-1).float()  # no bootstrap past a terminal
+    done = batch["next", "done"].squeeze(-1).float()  # terminated or truncated: the trace stops
+    delta = reward + gamma * next_value * (1.0 - terminated) - value  # TD error delta_t
+    advantage = torch.zeros_like(delta)
+    running = torch.zeros_like(delta[:, 0])
+    for t in reversed(range(delta.shape[-1])):  # A_t = delta_t + gamma * lambda * A_{t+1}
+        running = delta[:, t] + gamma * lmbda * (1.0 - done[:, t]) * running
+        advantage[:, t] = running
+    batch["advantage"] = advantage
+    batch["value_target"] = advantage + value
+    return batch
+
+
+# ================================================================================================
+# PPO update: clipped surrogate objective (Schulman et al., 2017)
+# ================================================================================================
+def ppo_update(args: Args, batch: TensorDict, actor: nn.Module, critic: nn.Module, optimizer):
+    keys = ("observation", "action", "action_log_prob", "advantage", "value_target")
+    data = batch.select(*keys).reshape(-1)
+    minibatch_size = max(1, data.numel() // args.num_minibatches)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for _epoch in range(args.update_epochs):
+        for idx in torch.randperm(data.numel()).split(minibatch_size):
+            mb = data[idx]
+            dist = Categorical(logits=actor(mb["observation"]))  # pi_theta(.|s_t)
+            ratio = (dist.log_prob(mb["action"]) - mb["action_log_prob"]).exp()  # r_t(theta)
+            adv = mb["advantage"]
+            if args.norm_adv and adv.numel() > 1:
+                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            clipped = ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)
+            pg_loss = torch.max(-adv * ratio, -adv * clipped).mean()
+            value = critic(mb["observation"]).squeeze(-1)  # V_theta(s_t)
+            v_loss = 0.5 * (value - mb["value_target"]).pow(2).mean()
+            entropy = dist.entropy().mean()
+            loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
+
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+            optimizer.step()
+    return {"pg_loss": pg_loss.item(), "v_loss": v_loss.item(), "entropy": entropy.item()}
+
+
+# ================================================================================================
+# Episode bookkeeping: returns of completed episodes, carried across batches per env row
+# ================================================================================================
+def track_returns(batch: TensorDict, running_return: torch.Tensor, finished: deque) -> None:
+    reward = batch["next", "reward"].squeeze(-1)
+    done = batch["next", "done"].squeeze(-1)
+    for t in range(reward.shape[-1]):
+        running_return += reward[:, t]
+        finished.extend(running_return[done[:, t]].tolist())
+        running_return[done[:, t]] = 0.0
+
+
+# ================================================================================================
+# Training loop: the trainer's event loop waits for the actors; learning runs in a thread
+# ================================================================================================
+async def main(args: Args) -> None:
+    torch.set_num_threads(args.num_threads)
+    torch.manual_seed(args.seed)
+
+    probe = gym.make(args.env_id)
+    obs_dim, num_actions = probe.observation_space.shape[0], int(probe.action_space.n)
+    probe.close()
+    actor = mlp(obs_dim, num_actions, args.hidden_size, out_std=0.01)
+    critic = mlp(obs_dim, 1, args.hidden_size, out_std=1.0)
+    policy = Policy(actor)
+    params = [*actor.parameters(), *critic.parameters()]
+    optimizer = torch.optim.Adam(params, lr=args.learning_rate, eps=1e-5)
+
+    running_return = torch.zeros(args.num_actors * args.num_envs)  # one per env row of the batch
+    finished_returns: deque = deque(maxlen=args.return_window)
+    mean_return = float("nan")
+    frames = 0
+    policy_version = 0  # number of weight updates sent so far
+    start = time.perf_counter()
+    pbar = tqdm(total=args.total_frames, unit="frames", unit_scale=True, dynamic_ncols=True)
+
+    collector = RayCollector(
+        functools.partial(make_env, args.env_id, args.num_envs), policy,
+        num_collectors=args.num_actors, sync=True,  # every actor's share of each batch, on demand
+        frames_per_batch=args.frames_per_batch, total_frames=args.total_frames,
+        ray_init_config=ray_init_config(args),  # used only if this process is not connected to Ray
+        remote_configs={"num_cpus": args.cpus_per_actor},  # one dict: the same for every actor
+        restart_nodes=args.restart_actors, num_threads=args.num_threads,
+    )  # fmt: skip
+    collector.set_seed(args.seed)  # each actor gets its own seed stream
+    async with collector:  # starts Ray (or joins it) and the actors; stops them all on the way out
+        async for batch in collector:  # [num_actors, num_envs, T], collected with the latest weights
+            # Verified weight sync: every frame of every actor was collected by the current policy.
+            versions = batch["collector", "policy_version"]
+            expected = f"expected policy v{policy_version}, got {versions.unique().tolist()}"
+            assert (versions == policy_version).all(), expected
+            if args.anneal_lr:
+                progress = frames / args.total_frames
+                optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - progress)
+            frames += batch.numel()
+            batch = batch.reshape(-1, batch.shape[-1])  # [num_actors * num_envs, T]: a row per env
+            track_returns(batch, running_return, finished_returns)
+            if finished_returns:
+                mean_return = sum(finished_returns) / len(finished_returns)
+
+            # Learning is CPU-bound: run it in a thread so the event loop stays responsive.
+            gamma, lmbda = args.gamma, args.gae_lambda
+            await anyio.to_thread.run_sync(compute_gae, batch, critic, gamma, lmbda)
+            losses = await anyio.to_thread.run_sync(ppo_update, args, batch, actor, critic, optimizer)
+            await collector.update_policy_weights_()  # one ray.put; returns once every actor applied it
+            policy_version += 1
+
+            pbar.update(batch.numel())
+            fps = frames / (time.perf_counter() - start)
+            pbar.set_postfix(fps=f"{fps:.0f}", ret=f"{mean_return:.1f}",
+                             v_loss=f"{losses['v_loss']:.2f}", refresh=False)  # fmt: skip
+            if len(finished_returns) == args.return_window and mean_return >= args.target_return:
+                break
+        stats = collector.stats()
+    pbar.close()
+
+    elapsed = time.perf_counter() - start
+    reached = len(finished_returns) == args.return_window and mean_return >= args.target_return
+    status = f"reached target {args.target_return:g}" if reached else "stopped"
+    print(f"actors restarted: {stats.restarts}, batches they lost: {stats.dropped_batches}")
+    print(f"{status} after {frames} frames in {elapsed:.1f}s ({frames / elapsed:.0f} frames/s; "
+          f"collection alone {stats.frames_per_second:.0f} frames/s)")  # fmt: skip
+    print(f"final mean return over last {len(finished_returns)} episodes: {mean_return:.1f}")
+
+
+if __name__ == "__main__":
+    anyio.run(main, parse_args())
