@@ -50,6 +50,8 @@ class RPCCollector(NodeCollectorBase):
         tensorpipe_options: More ``TensorPipeRpcBackendOptions`` arguments (default 16
             worker threads, as TorchRL).
         slurm_kwargs: submitit parameters, over TorchRL's defaults.
+        submitit_folder: Where submitit keeps its job files and node logs.
+        start_method: With ``launcher="mp"``: ``"forkserver"`` (default on Linux) or ``"spawn"``.
         ray_init_config: With ``launcher="ray"``: `ray.init` arguments (``address`` to join a
             cluster; without one a local Ray is started, and shut down at close).
         remote_configs: With ``launcher="ray"``: Ray task options of the nodes, one dict for

@@ -19,7 +19,7 @@ from typing import Any
 
 from ._launch import Launcher
 
-__all__ = ["RayLauncher", "check_ray_launcher_options", "check_ray_node_count", "ray_master_addr"]
+__all__ = ["RayLauncher", "check_ray_launcher_options", "check_ray_node_count", "check_ray_options", "ray_master_addr"]
 
 #: Resources of a node task unless ``remote_configs`` says otherwise (one CPU, as TorchRL's actors).
 DEFAULT_NODE_CONFIG: dict[str, Any] = {"num_cpus": 1}
@@ -50,12 +50,24 @@ def check_ray_launcher_options(out: dict[str, Any]) -> None:
                     f"remote_configs sets {key!r}, which the launcher sets (a node task is never retried by Ray, "
                     "and its process ends with it; pass restart_nodes= to restart dead nodes)"
                 )
+        check_ray_options(_run_node, c)
     out["remote_configs"] = [dict(c) for c in listed]
 
 
 def ray_is_local(init_config: Mapping[str, Any]) -> bool:
     """Whether the collector will start its own local Ray (no cluster address given or in the environment)."""
     return init_config.get("address") is None and not os.environ.get("RAY_ADDRESS")
+
+
+def check_ray_options(target: Any, options: Mapping[str, Any]) -> None:
+    """Ray's own check of actor (or task) options, before anything starts: a typo is an error now."""
+    import ray
+
+    try:
+        ray.remote(target).options(**options)
+    except (ValueError, TypeError) as exc:
+        kind = "actor" if isinstance(target, type) else "task"
+        raise ValueError(f"remote_configs {dict(options)} are not valid Ray {kind} options: {exc}") from None
 
 
 def check_ray_node_count(options: Mapping[str, Any], num_workers: int) -> None:

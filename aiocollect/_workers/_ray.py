@@ -24,6 +24,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from ._launch_ray import check_ray_options
 from ._remote import Done, RemoteTransport
 from ._remote_node import HostSetup, NodeHost
 
@@ -76,9 +77,11 @@ def check_options(options: Mapping[str, Any], num_workers: int | None = None) ->
         for key in ("max_concurrency", "max_restarts", "concurrency_groups"):
             if key in c:
                 raise ValueError(
-                    f"remote_configs sets {key!r}, which the collector sets for its actors"
+                    f"remote_configs sets {key!r}, which the collector manages for its actors"
                     + ("; pass restart_nodes= to restart dead actors" if key == "max_restarts" else "")
                 )
+    for c in listed:
+        check_ray_options(NodeHost, c)
     out["remote_configs"] = (
         dict(configs) if isinstance(configs, Mapping) and num_workers is None else [dict(c) for c in listed]
     )
@@ -161,6 +164,19 @@ class RayTransport(RemoteTransport):
             ray.kill(actor, no_restart=True)
             raise
         return actor, info
+
+    async def _start_failure(self, w: int, exc: Exception) -> BaseException:
+        import ray
+
+        if isinstance(exc, ray.exceptions.GetTimeoutError):
+            return TimeoutError(
+                f"node {w}'s Ray actor was not running within join_timeout={self.options['join_timeout']}s: Ray "
+                f"found no room for remote_configs {self._configs[w]} (compare ray.available_resources()), or "
+                "it is still starting; lower the request or raise join_timeout"
+            )
+        if isinstance(exc, ray.exceptions.RayActorError):
+            return await super()._start_failure(w, exc)
+        return RuntimeError(f"node {w}'s Ray actor could not be created: {exc}")
 
     def _call(self, handle: Any, method: str, args: tuple[Any, ...], done: Done) -> None:
         ref = getattr(handle, method).remote(*args)

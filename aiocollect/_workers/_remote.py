@@ -99,6 +99,10 @@ class RemoteTransport(Transport):
         """The exit code of node ``w``'s process, when the engine knows it."""
         return None
 
+    async def _start_failure(self, w: int, exc: Exception) -> BaseException:
+        """The error to raise when hosting node ``w`` failed with ``exc`` (default: its process died)."""
+        return WorkerCrashedError(w, None, await anyio.to_thread.run_sync(self._exitcode, w), during_startup=True)
+
     def _kill(self, w: int, handle: Any) -> None:
         """Stop a hung node now (its pending calls then fail)."""
         self._destroy(w, handle, 0.0)
@@ -122,13 +126,16 @@ class RemoteTransport(Transport):
         opts = self.options
         deadline = anyio.current_time() + opts["join_timeout"]
         node = self._nodes[w]
+        failure: Exception | None = None
         with anyio.fail_after(opts["join_timeout"]):
             await anyio.to_thread.run_sync(self._ensure_open)
             setup = HostSetup(opts["worker_main"], spec, self._weights, opts["beat_interval"])
             try:
                 handle, info = await anyio.to_thread.run_sync(self._create, w, setup)
             except Exception as exc:
-                raise WorkerCrashedError(w, None, self._exitcode(w), during_startup=True) from exc
+                failure = exc
+        if failure is not None:  # out of the deadline's scope: explaining it may take a moment
+            raise await self._start_failure(w, failure) from failure
         node.handle, node.info, node.gone, node.error = handle, info, False, None
         node.gen += 1
         node.seq, node.events, node.batches, node.progress = 0, deque(), {}, (0, False)

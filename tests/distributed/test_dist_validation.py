@@ -29,6 +29,8 @@ CASES: list[tuple[type, dict[str, Any], type, str]] = [
     (DistributedCollector, {"launcher": "ray", "remote_configs": [{}] * 3}, ValueError, "remote_configs lists 3 dicts for 2 nodes; give one per node"),
     (DistributedCollector, {"launcher": "ray", "remote_configs": {"max_retries": 2}},
      ValueError, "remote_configs sets 'max_retries', which the launcher sets (a node task is never retried by Ray"),
+    (DistributedCollector, {"launcher": "ray", "remote_configs": {"num_cpu": 1}},
+     ValueError, "remote_configs {'num_cpu': 1} are not valid Ray task options: Invalid option keyword num_cpu"),
     (DistributedCollector, {"launcher": "ray", "remote_configs": ["x", "y"]},
      TypeError, "remote_configs must be a dict of Ray task options (or one per node) or None, got ['x', 'y']"),
     (DistributedCollector, {"backend": "ucc"}, ValueError, "backend must be one of 'gloo', 'nccl', 'mpi', got 'ucc'"),

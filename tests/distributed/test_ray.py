@@ -191,3 +191,21 @@ async def test_break_stops_every_actor_within_the_deadline() -> None:
     while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
         assert time.monotonic() < gone_by, "an actor process outlived the collector"
         await anyio.sleep(0.05)
+
+
+def test_bad_remote_configs_fail_before_anything_starts() -> None:
+    with pytest.raises(ValueError, match=r"^remote_configs \{'num_cpu': 1\} are not valid Ray actor options: Invalid"):
+        RayCollector([counting] * 2, frames_per_batch=10, remote_configs={"num_cpu": 1})
+    with pytest.raises(ValueError, match=r"^remote_configs sets 'max_restarts'.*; pass restart_nodes= to restart"):
+        RayCollector([counting] * 2, frames_per_batch=10, remote_configs={"max_restarts": 3})
+    with pytest.raises(ValueError, match=r"^remote_configs lists 3 dicts for 2 nodes; give one per node$"):
+        RayCollector([counting] * 2, frames_per_batch=10, remote_configs=[ACTOR] * 3)
+
+
+async def test_an_actor_ray_cannot_place_is_a_timeout_that_names_the_resources() -> None:
+    with anyio.fail_after(60), pytest.raises(TimeoutError, match=r"Ray found no room for remote_configs") as info:
+        async with RayCollector([counting] * 2, frames_per_batch=10, total_frames=20, join_timeout=2.0,
+                                remote_configs={"num_cpus": 64}) as c:  # fmt: skip
+            async for _ in c:
+                pass
+    assert "'num_cpus': 64" in str(info.value)
