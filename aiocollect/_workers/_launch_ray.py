@@ -18,8 +18,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ._launch import Launcher
+from ._ray_common import acquire_ray, check_ray_options, release_ray
 
-__all__ = ["RayLauncher", "check_ray_launcher_options", "check_ray_node_count", "check_ray_options", "ray_master_addr"]
+__all__ = ["RayLauncher", "check_ray_launcher_options", "check_ray_node_count", "ray_master_addr"]
 
 #: Resources of a node task unless ``remote_configs`` says otherwise (one CPU, as TorchRL's actors).
 DEFAULT_NODE_CONFIG: dict[str, Any] = {"num_cpus": 1}
@@ -59,17 +60,6 @@ def ray_is_local(init_config: Mapping[str, Any]) -> bool:
     return init_config.get("address") is None and not os.environ.get("RAY_ADDRESS")
 
 
-def check_ray_options(target: Any, options: Mapping[str, Any]) -> None:
-    """Ray's own check of actor (or task) options, before anything starts: a typo is an error now."""
-    import ray
-
-    try:
-        ray.remote(target).options(**options)
-    except (ValueError, TypeError) as exc:
-        kind = "actor" if isinstance(target, type) else "task"
-        raise ValueError(f"remote_configs {dict(options)} are not valid Ray {kind} options: {exc}") from None
-
-
 def check_ray_node_count(options: Mapping[str, Any], num_workers: int) -> None:
     """A list of ``remote_configs`` has one dict per node (or a single one, for all)."""
     configs = options.get("remote_configs")
@@ -99,9 +89,7 @@ class RayLauncher(Launcher):
     ) -> None:
         import ray
 
-        from ._ray import _acquire_ray
-
-        self._release = _acquire_ray(init_config)
+        self._release = acquire_ray(init_config)
         self._main = main
         self._configs = configs
         # One task per worker process: the node's process state (torch's process group or
@@ -199,6 +187,4 @@ class RayLauncher(Launcher):
             for rank in list(self._pipes):
                 self._close_pipe(rank)
         if self._release:
-            from ._ray import _release_ray
-
-            _release_ray()
+            release_ray()

@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import os
-import threading
 from collections.abc import Mapping
 from typing import Any
 
-from ._launch_ray import check_ray_options
+from ._ray_common import acquire_ray, check_ray_options, release_ray
 from ._remote import Done, RemoteTransport
 from ._remote_node import HostSetup, NodeHost
 
@@ -95,37 +93,6 @@ def check_options(options: Mapping[str, Any], num_workers: int | None = None) ->
     return out
 
 
-# -- Ray itself: started once per process by the first collector that needs it ------------------
-_LEASE_LOCK = threading.Lock()
-_LEASES = 0  # collectors using the Ray instance that aiocollect started or connected to
-
-
-def _acquire_ray(init_config: dict[str, Any]) -> bool:
-    """Make sure Ray is up; True if this lease must be released (aiocollect started it)."""
-    global _LEASES
-    import ray
-
-    with _LEASE_LOCK:
-        if _LEASES == 0 and ray.is_initialized():
-            return False  # the user's Ray: use it, never shut it down
-        if _LEASES == 0:
-            config = {"include_dashboard": False, "configure_logging": False, **init_config}
-            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-            ray.init(**config)
-        _LEASES += 1
-        return True
-
-
-def _release_ray() -> None:
-    global _LEASES
-    import ray
-
-    with _LEASE_LOCK:
-        _LEASES -= 1
-        if _LEASES == 0 and ray.is_initialized():
-            ray.shutdown()
-
-
 def _outcome(future: Any) -> tuple[Any, BaseException | None]:
     try:
         return future.result(), None
@@ -150,7 +117,7 @@ class RayTransport(RemoteTransport):
     def _open(self) -> None:
         import ray
 
-        self._leased = _acquire_ray(self.options["ray_init_config"])
+        self._leased = acquire_ray(self.options["ray_init_config"])
         self._actor_class = ray.remote(NodeHost)
 
     def _create(self, w: int, setup: HostSetup) -> tuple[Any, tuple[int, str, str]]:
@@ -194,7 +161,7 @@ class RayTransport(RemoteTransport):
         self._weights_ref = None
         if self._leased:
             self._leased = False
-            _release_ray()
+            release_ray()
 
     def publish_weights(self, state: Any) -> None:
         import ray
