@@ -279,7 +279,12 @@ def _make_collector(cfg: dict[str, Any], policy: nn.Module) -> tuple[Any, Any]:
     return c, c.shutdown
 
 
-def child_main(cfg: dict[str, Any], t_start: float) -> dict[str, Any]:
+def child_main(
+    cfg: dict[str, Any], t_start: float, make: Any = None, find_nodes: Any = None
+) -> dict[str, Any]:
+    """One configuration in this process. ``make(cfg, policy)`` builds the collector (default:
+    this module's distributed rows) and ``find_nodes(psutil)`` lists its node processes (default:
+    this process's descendants but its helpers); bench_ray_rpc.py passes its own."""
     import warnings
 
     import psutil
@@ -308,13 +313,13 @@ def child_main(cfg: dict[str, Any], t_start: float) -> dict[str, Any]:
     shutdown = None
     t0 = time.perf_counter()
     try:
-        it, shutdown = _make_collector(cfg, policy)
+        it, shutdown = (make or _make_collector)(cfg, policy)
         for i, batch in enumerate(it):
             stamps.append(time.perf_counter())
             frames.append(_batch_frames(batch))
             dones += _count_dones(batch)
             if i == warm - 1:  # the steady window starts with the last warmup batch in hand
-                nodes = node_processes(psutil) if cfg["lib"] != "bare" else []
+                nodes = (find_nodes or node_processes)(psutil) if cfg["lib"] != "bare" else []
                 cpu0, nodes_cpu0 = _cpu_s(psutil, [me]), _cpu_s(psutil, nodes)
             if i == warm + n - 1:
                 cpu1, nodes_cpu1 = _cpu_s(psutil, [me]), _cpu_s(psutil, nodes)
