@@ -39,6 +39,7 @@ from ._distributed_options import check_options
 from ._launch_ray import check_ray_node_count
 from ._launchers import make_launcher
 from ._messages import ApplyWeights, BatchReady, Close, Command, Event, Exited, Failed, Ready
+from ._node_events import receive_events, take_events
 from ._transport import Tensors, Transport
 from ._wire import (
     DATA_TAG,
@@ -403,37 +404,18 @@ class DistributedTransport(Transport):
             node.sends.append(node.pg.send([self._weights], 1, WEIGHTS_TAG))
 
     def receive_nowait(self, workers: list[int]) -> list[tuple[int, Event]]:
-        got = []
-        with self._notifier.lock:
-            for w in workers:
-                events = self._nodes[w].events
-                while events:
-                    event = events[0]
-                    if isinstance(event, Exited) and event.exitcode is None:
-                        # A lost connection: report the exit with the process's code (a
-                        # SIGKILL says so), which `receive` waits for when it is not known yet.
-                        code = self._launcher.exitcode(w + 1)
-                        if code is None and self._launcher.sentinel(w + 1) is not None:
-                            break
-                        event = Exited(code)
-                    events.popleft()
-                    got.append((w, event))
-        return got
+        return take_events(self._notifier, self._queue, workers, self._code_now)
 
     async def receive(self, workers: list[int]) -> list[tuple[int, Event]]:
-        nodes = [self._nodes[w] for w in workers]
-        await self._notifier.wait_until(lambda: any(n.events for n in nodes))
-        got = self.receive_nowait(workers)
-        if got:
-            return got
-        # All that is left is the exits of local processes whose codes are not in yet.
-        for w, node in zip(workers, nodes, strict=True):
-            if node.events and isinstance(node.events[0], Exited):
-                code = await self._exitcode(w)
-                with self._notifier.lock:
-                    node.events.popleft()
-                got.append((w, Exited(code)))
-        return got
+        return await receive_events(self._notifier, self._queue, workers, self._code_now, self._exitcode)
+
+    def _queue(self, w: int) -> deque[Event]:
+        return self._nodes[w].events
+
+    def _code_now(self, w: int) -> tuple[bool, int | None]:
+        # A node process of ours that has not been reaped yet: `_exitcode` waits for it.
+        code = self._launcher.exitcode(w + 1)
+        return code is not None or self._launcher.sentinel(w + 1) is None, code
 
     # -- data --------------------------------------------------------------------------------
     def batch(self, w: int, slot: int) -> Tensors:

@@ -17,7 +17,7 @@ from ._launchers import LAUNCHERS
 from ._subprocess import START_METHODS, _default_start_method
 from ._wire import BACKENDS
 
-__all__ = ["check_options"]
+__all__ = ["check_main_and_times", "check_options", "check_port", "master_addr"]
 
 _DEFAULT_MAIN = "aiocollect._workers._loop:run_worker"
 OPTIONS = {
@@ -82,25 +82,42 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
             raise ValueError(
                 "launcher='external' needs a known port for nodes to reach: pass tcp_port=29500 (any free port)"
             )
-    if port is not None:
-        try:
-            port = int(port)
-        except (TypeError, ValueError):
-            raise TypeError(f"tcp_port must be an int in [1, 65535] or None (any free port), got {port!r}") from None
-        if not 0 < port < 65536:
-            raise ValueError(f"tcp_port must be an int in [1, 65535] or None (any free port), got {port!r}")
-    out["tcp_port"] = port
-    addr = out["master_addr"] or os.environ.get("MASTER_ADDR")
-    if addr is None and out["launcher"] == "ray":
-        addr = ray_master_addr(out["ray_init_config"])
-    if addr is None:
-        addr = "127.0.0.1" if out["launcher"] == "mp" else socket.gethostbyname(socket.gethostname())
-    out["master_addr"] = _check_address("master_addr", addr)
+    out["tcp_port"] = check_port(port)
+    out["master_addr"] = master_addr(out)
     hosts = out["node_hosts"]
     if hosts is not None:
         if isinstance(hosts, str) or not all(isinstance(h, str) and h for h in hosts):
             raise TypeError(f"node_hosts must be a list of addresses (one per node) or None, got {hosts!r}")
         out["node_hosts"] = list(hosts)
+    check_main_and_times(out)
+    return out
+
+
+def check_port(port: Any) -> int | None:
+    """``tcp_port`` as an int, or ``None`` (any free port)."""
+    if port is None:
+        return None
+    try:
+        port = int(port)
+    except (TypeError, ValueError):
+        raise TypeError(f"tcp_port must be an int in [1, 65535] or None (any free port), got {port!r}") from None
+    if not 0 < port < 65536:
+        raise ValueError(f"tcp_port must be an int in [1, 65535] or None (any free port), got {port!r}")
+    return port
+
+
+def master_addr(out: Mapping[str, Any]) -> str:
+    """The trainer's address for nodes: ``master_addr``, ``MASTER_ADDR``, or the launcher's default."""
+    addr = out["master_addr"] or os.environ.get("MASTER_ADDR")
+    if addr is None and out["launcher"] == "ray":
+        addr = ray_master_addr(out["ray_init_config"])
+    if addr is None:
+        addr = "127.0.0.1" if out["launcher"] == "mp" else socket.gethostbyname(socket.gethostname())
+    return _check_address("master_addr", addr)
+
+
+def check_main_and_times(out: Mapping[str, Any]) -> None:
+    """``worker_main`` names a function; ``join_timeout`` and ``beat_interval`` are positive seconds."""
     module, sep, name = str(out["worker_main"]).partition(":")
     if not (module and sep and name):
         raise ValueError(f"worker_main must be 'module:function', got {out['worker_main']!r}")
@@ -108,4 +125,3 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
         value = out[key]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
             raise ValueError(f"{key} must be a positive number of seconds, got {value!r}")
-    return out

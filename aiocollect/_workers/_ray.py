@@ -18,10 +18,10 @@ weights before it collects.
 from __future__ import annotations
 
 import importlib.util
-import math
 from collections.abc import Mapping
 from typing import Any
 
+from ._distributed_options import check_main_and_times
 from ._ray_common import acquire_ray, check_ray_options, release_ray
 from ._remote import Done, RemoteTransport
 from ._remote_node import HostSetup, NodeHost
@@ -83,13 +83,7 @@ def check_options(options: Mapping[str, Any], num_workers: int | None = None) ->
     out["remote_configs"] = (
         dict(configs) if isinstance(configs, Mapping) and num_workers is None else [dict(c) for c in listed]
     )
-    module, sep, name = str(out["worker_main"]).partition(":")
-    if not (module and sep and name):
-        raise ValueError(f"worker_main must be 'module:function', got {out['worker_main']!r}")
-    for key in ("join_timeout", "beat_interval"):
-        value = out[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
-            raise ValueError(f"{key} must be a positive number of seconds, got {value!r}")
+    check_main_and_times(out)
     return out
 
 

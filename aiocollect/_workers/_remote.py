@@ -29,6 +29,7 @@ import torch
 from .._core._errors import WorkerCrashedError, worker_error_from_message
 from .._core._notify import Notifier
 from ._messages import ApplyWeights, BatchReady, Close, Command, Event, Exited, Failed, Ready
+from ._node_events import receive_events, take_events
 from ._remote_node import HostSetup, PollResult
 from ._transport import Tensors, Transport
 from ._wire import NodePid
@@ -255,30 +256,16 @@ class RemoteTransport(Transport):
         self._call_quietly(node.handle, "push", (seq, command, weights))
 
     def receive_nowait(self, workers: list[int]) -> list[tuple[int, Event]]:
-        got = []
-        with self._notifier.lock:
-            for w in workers:
-                events = self._nodes[w].events
-                while events:
-                    if isinstance(events[0], Exited) and events[0].exitcode is None:
-                        break  # `receive` learns its exit code first (off the loop: it may wait)
-                    got.append((w, events.popleft()))
-        return got
+        return take_events(self._notifier, self._queue, workers, _unknown)
 
     async def receive(self, workers: list[int]) -> list[tuple[int, Event]]:
-        nodes = [self._nodes[w] for w in workers]
-        await self._notifier.wait_until(lambda: any(n.events for n in nodes))
-        got = self.receive_nowait(workers)
-        if got:
-            return got
-        # All that is left is lost nodes whose exit codes are not in yet.
-        for w, node in zip(workers, nodes, strict=True):
-            if node.events and isinstance(node.events[0], Exited):
-                code = await anyio.to_thread.run_sync(self._exitcode, w)
-                with self._notifier.lock:
-                    node.events.popleft()
-                got.append((w, Exited(code)))
-        return got
+        return await receive_events(self._notifier, self._queue, workers, _unknown, self._learn_code)
+
+    def _queue(self, w: int) -> deque[Event]:
+        return self._nodes[w].events
+
+    async def _learn_code(self, w: int) -> int | None:
+        return await anyio.to_thread.run_sync(self._exitcode, w)
 
     # -- data --------------------------------------------------------------------------------
     def batch(self, w: int, slot: int) -> Tensors:
@@ -307,6 +294,10 @@ class RemoteTransport(Transport):
         node = self._nodes[w]
         if node.handle is not None:
             self._kill(w, node.handle)
+
+
+def _unknown(w: int) -> tuple[bool, int | None]:
+    return False, None  # only `_exitcode` can tell, and it may block
 
 
 def _ignore(result: Any, error: BaseException | None) -> None:

@@ -13,17 +13,16 @@ RPC is process-wide in torch: one RPC group per process, so one `RPCCollector` a
 from __future__ import annotations
 
 import importlib.util
-import math
 import multiprocessing.connection
-import os
 import secrets
 import socket
 import threading
 from collections.abc import Mapping
 from typing import Any
 
+from ._distributed_options import check_main_and_times, check_port, master_addr
 from ._launch_delayed import apply_delayed_context, check_delayed_node_count
-from ._launch_ray import check_ray_launcher_options, check_ray_node_count, ray_master_addr
+from ._launch_ray import check_ray_launcher_options, check_ray_node_count
 from ._launchers import make_launcher
 from ._messages import Exited
 from ._remote import Done, RemoteTransport
@@ -77,23 +76,8 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
     if method not in START_METHODS:
         raise ValueError(f"start_method must be 'forkserver' or 'spawn' (fork is unsafe with threads), got {method!r}")
     out["start_method"] = method
-    port = out["tcp_port"]
-    if port is not None:
-        try:
-            port = int(port)
-        except (TypeError, ValueError):
-            raise TypeError(f"tcp_port must be an int in [1, 65535] or None (any free port), got {port!r}") from None
-        if not 0 < port < 65536:
-            raise ValueError(f"tcp_port must be an int in [1, 65535] or None (any free port), got {port!r}")
-    out["tcp_port"] = port
-    addr = out["master_addr"] or os.environ.get("MASTER_ADDR")
-    if addr is None and out["launcher"] == "ray":
-        addr = ray_master_addr(out["ray_init_config"])
-    if addr is None:
-        addr = "127.0.0.1" if out["launcher"] == "mp" else socket.gethostbyname(socket.gethostname())
-    if not isinstance(addr, str) or not addr:
-        raise TypeError(f"master_addr must be a host name or IP address string, got {addr!r}")
-    out["master_addr"] = addr
+    out["tcp_port"] = check_port(out["tcp_port"])
+    out["master_addr"] = master_addr(out)
     tp = out["tensorpipe_options"] or {}
     if not isinstance(tp, Mapping):
         raise TypeError(f"tensorpipe_options must be a dict of TensorPipeRpcBackendOptions arguments, got {tp!r}")
@@ -101,10 +85,7 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
     if owned:
         raise ValueError(f"tensorpipe_options sets {owned[0]!r}, which the collector sets (use tcp_port/join_timeout)")
     out["tensorpipe_options"] = {**TENSORPIPE_DEFAULTS, **tp}
-    for key in ("join_timeout", "beat_interval"):
-        value = out[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
-            raise ValueError(f"{key} must be a positive number of seconds, got {value!r}")
+    check_main_and_times(out)
     return out
 
 

@@ -2,7 +2,7 @@
 
 The module's local Ray (loopback, ``num_cpus=2``) runs the nodes; they then join the
 trainer's process group or RPC group as nodes of the other launchers do. Each node task has
-a Ray worker process of its own, which exits with it.
+a Ray worker process of its own, which Ray retires after it.
 """
 
 from __future__ import annotations
@@ -68,15 +68,16 @@ def running_node_tasks(pids: list[int]) -> list[int]:
 
 
 async def wait_tasks_ended(pids: list[int], within: float) -> None:
-    """Wait for the node tasks' processes to exit (one process per task: they end together)."""
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = await anyio.to_thread.run_sync(lambda: psutil.wait_procs(procs, timeout=within))
-    assert not alive, f"node task processes outlived the collector: {[p.pid for p in alive]}"
+    """Wait for the node tasks to end (Ray then retires their processes: one task each)."""
+
+    def wait() -> list[int]:
+        deadline = time.monotonic() + within
+        while running_node_tasks(pids) and time.monotonic() < deadline:
+            time.sleep(0.05)  # no event to wait on: another process's command line
+        return running_node_tasks(pids)
+
+    left = await anyio.to_thread.run_sync(wait)
+    assert not left, f"node tasks outlived the collector: {left}"
 
 
 def check_batches(batches: list, sync: bool, nodes: int = 2) -> None:
