@@ -38,10 +38,28 @@ def _name_lookup(c: Any) -> bool:
     return c.type == socket.SOCK_DGRAM and bool(c.raddr) and c.raddr.port == 53 and c.raddr.ip in _RESOLVERS
 
 
+# Ray's dashboard process, which every Ray head starts (with include_dashboard=False it loads
+# only its usage-stats module), asks the link-local cloud metadata service which cloud it runs
+# on, whatever RAY_USAGE_STATS_ENABLED says (ray/_common/usage/usage_lib.py,
+# get_cloud_from_metadata_requests; three HTTP GETs with a 1 s timeout). Nothing of aiocollect
+# opens these, and Ray has no setting that stops them.
+_CLOUD_METADATA = ("169.254.169.254", 80)
+
+
+def _ray_cloud_probe(proc: psutil.Process, c: Any) -> bool:
+    if not c.raddr or (c.raddr.ip, c.raddr.port) != _CLOUD_METADATA:
+        return False
+    try:
+        return any(arg.endswith("ray/dashboard/dashboard.py") for arg in proc.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+
+
 def outside_loopback() -> list[str]:
     """Inet sockets of this process tree whose local or remote address is not loopback.
 
-    Datagram sockets to the system's DNS resolvers are not counted (see `_name_lookup`).
+    Datagram sockets to the system's DNS resolvers (see `_name_lookup`) and the cloud-metadata
+    probe of Ray's dashboard process (see `_ray_cloud_probe`) are not counted.
     """
     me = psutil.Process()
     bad = []
@@ -51,7 +69,7 @@ def outside_loopback() -> list[str]:
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
         for c in conns:
-            if _name_lookup(c):
+            if _name_lookup(c) or _ray_cloud_probe(proc, c):
                 continue
             for end in (c.laddr, c.raddr):
                 if end and not _is_loopback(end.ip):
