@@ -8,6 +8,7 @@ running event loop: use the async classes there.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -17,6 +18,7 @@ from ._buffer import _buffer
 from ._collect import _collector
 from ._collect._blocking_base import DataCollectorBase
 from ._collect._blocking_base import twin_init as _twin_init
+from ._core._errors import BufferClosedError as _BufferClosedError
 from ._core._errors import WouldBlock as _WouldBlock
 from ._core._portal import Portal as _Portal
 from ._core._stats import BufferStats as _BufferStats
@@ -243,6 +245,18 @@ class ReplayBuffer:
 
     def __len__(self) -> int:
         return len(self._async)
+
+    def __getitem__(self, index: Any) -> TensorDictBase:
+        """Frames in write order, oldest first (``rb[0]``, ``rb[:n]``, ``rb[-1]``); see `aiocollect.ReplayBuffer`."""
+        return self._async[index]
+
+    def __iter__(self) -> Iterator[TensorDictBase]:
+        """Sampled batches, `sample` after `sample`, until the buffer is closed."""
+        while True:
+            try:
+                yield self.sample()
+            except _BufferClosedError:
+                return
 
     def close(self) -> None:
         """Release the storage and stop the portal thread. Idempotent."""

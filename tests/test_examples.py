@@ -42,7 +42,11 @@ TINY_ARGS: dict[str, list[str]] = {
     "distributed_train.py": ["--total-frames", "1024", "--num-envs", "2", "--frames-per-batch", "256", "--update-epochs", "1"],
     "ppo_multisync.py": ["--total-frames", "1024", "--num-envs", "2", "--frames-per-batch", "256", "--update-epochs", "1"],
     "ray_train.py": ["--total-frames", "1024", "--num-envs", "2", "--frames-per-batch", "256", "--update-epochs", "1"],
+    "torchrl_ppo.py": ["--total-frames", "400", "--frames-per-batch", "200", "--num-epochs", "1"],
 }
+
+#: Examples that need an optional dependency (the module they import), skipped without it.
+NEEDS: dict[str, str] = {"torchrl_ppo.py": "torchrl"}
 
 #: Seconds one example may take (spawned workers alone need ~5 s to start on 2 slow cores).
 RUN_TIMEOUT = 100
@@ -121,6 +125,8 @@ def test_example_runs_at_tiny_size(path: Path) -> None:
             "arguments that make it finish in a few seconds (e.g. a tiny --total-frames)",
             pytrace=False,
         )
+    if path.name in NEEDS:
+        pytest.importorskip(NEEDS[path.name])
     args = TINY_ARGS[path.name]
     total_frames = int(args[args.index("--total-frames") + 1])
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -164,6 +170,8 @@ def test_example_runs_at_tiny_size(path: Path) -> None:
 def test_example_defaults_spend_the_budget_in_whole_batches(path: Path) -> None:
     # The examples' defaults are what a newcomer runs first: they must not warn that the
     # last batch overshoots total_frames.
+    if path.name in NEEDS:
+        pytest.importorskip(NEEDS[path.name])
     args = runpy.run_path(str(path), run_name="example_under_test")["Args"]()
     assert args.total_frames % args.frames_per_batch == 0, (args.total_frames, args.frames_per_batch)
 

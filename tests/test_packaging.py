@@ -27,7 +27,7 @@ PACKAGE = ROOT / "aiocollect"
 DISTRIBUTION = {"yaml": "pyyaml"}
 
 #: Optional modules: imported only inside functions, when the user asked for what needs them.
-OPTIONAL: set[str] = {"submitit", "ray"}  # the "submitit" launcher; RayCollector and launcher="ray"
+OPTIONAL: set[str] = {"submitit", "ray", "torchrl"}  # submitit launcher; Ray; TorchRL envs and buffers
 
 
 def _declared() -> set[str]:

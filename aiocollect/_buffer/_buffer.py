@@ -20,6 +20,7 @@ from .._core._stats import BufferStats
 from .._core._threads import to_thread
 from .._core._validate import check_int
 from ._buffer_io import BufferPersistence
+from ._inspect import InspectMixin
 from ._ratelimit import RateLimiter
 from ._reservations import Reservation, ReservationsMixin
 from ._samplers import SampleContext, make_sampler
@@ -35,7 +36,7 @@ def _leaves(td: TensorDictBase) -> Any:
     return td.items(include_nested=True, leaves_only=True)
 
 
-class ReplayBuffer(ReservationsMixin, BufferPersistence):
+class ReplayBuffer(ReservationsMixin, InspectMixin, BufferPersistence):
     """A replay buffer whose writers and readers ``await`` each other instead of polling.
 
     Frames live in a preallocated ring (`MemoryStorage` by default, `SharedMemoryStorage`
@@ -76,6 +77,9 @@ class ReplayBuffer(ReservationsMixin, BufferPersistence):
         >>> anyio.run(main)
         torch.Size([4])
     """
+
+    #: Collectors (and their workers) write straight into this buffer's rows.
+    direct_writes = True
 
     def __init__(
         self,

@@ -19,15 +19,19 @@ __all__ = ["BackgroundMixin", "unwrap_buffer"]
 
 
 def unwrap_buffer(replay_buffer: Any) -> Any:
-    """The async `ReplayBuffer` behind ``replay_buffer`` (which may be its blocking twin)."""
+    """The async `ReplayBuffer` behind ``replay_buffer`` (its blocking twin), or a TorchRL buffer's sink."""
     from .._buffer._buffer import ReplayBuffer
+    from .._buffer._torchrl import TorchRLBufferSink, is_torchrl_buffer
 
     if replay_buffer is None:
         return None
+    if is_torchrl_buffer(replay_buffer):
+        return TorchRLBufferSink(replay_buffer)
     inner = getattr(replay_buffer, "_async", replay_buffer)
     if not isinstance(inner, ReplayBuffer):
         raise TypeError(
-            f"replay_buffer must be an aiocollect.ReplayBuffer (or its blocking twin), got {type(replay_buffer).__name__}"
+            "replay_buffer must be an aiocollect.ReplayBuffer (or its blocking twin) or a torchrl.data.ReplayBuffer, "
+            f"got {type(replay_buffer).__name__}"
         )
     return inner
 

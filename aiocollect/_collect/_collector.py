@@ -154,7 +154,7 @@ class Collector(CollectorLifecycle):
         cfg = self._cfg
         env = make_env(cfg)
         try:
-            self._policy.bind(env.spec)
+            self._policy.bind(env.spec, counts_steps=cfg.max_frames_per_traj is not None)
             steps = math.ceil(cfg.frames_per_batch / max(1, env.spec.numel))
             self._rollout = Rollout(
                 env, self._policy, steps=steps, traj_counter=self._counter, generator=self._generator,
@@ -210,7 +210,7 @@ class Collector(CollectorLifecycle):
         random = self._policy.is_random or self._init_random()
         start = time.perf_counter()
         post = self._needs_post()
-        if self._batch_rb is not None and rollout.buf is not None and not post:
+        if self._batch_rb is not None and self._batch_rb.direct_writes and rollout.buf is not None and not post:
             return await self._collect_into_buffer(rollout, random, start)
         if isinstance(rollout.env, AsyncBatchedEnv):
             batch = await rollout.acollect(random, self._lane.run)

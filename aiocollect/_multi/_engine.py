@@ -74,7 +74,8 @@ class MultiCollectorBase(CollectorLifecycle):
             postprocessing=mc.cfg.split_trajs or mc.cfg.postproc is not None,
         )  # fmt: skip
         rb, memory = self._rb, self._transport_class.memory
-        if rb is not None and memory == "host" and not rb.storage.shareable:
+        direct = rb is not None and rb.direct_writes  # TorchRL buffers take whole batches from the parent
+        if direct and memory == "host" and not rb.storage.shareable:
             if rb.storage.built:
                 raise TypeError(
                     f"the replay buffer's {type(rb.storage).__name__} lives in this process only; worker processes "
@@ -84,7 +85,7 @@ class MultiCollectorBase(CollectorLifecycle):
         # Post-processing (and trajectory assembly) runs in the parent, so those batches
         # reach the buffer through it, as do all batches of workers that cannot reach the
         # buffer's memory; all others are written by the workers themselves.
-        self._direct = self._batch_rb is not None and not self._needs_post() and memory != "none"
+        self._direct = direct and self._batch_rb is not None and not self._needs_post() and memory != "none"
         # Workers collect on the env/policy devices; the parent moves batches to storing_device.
         self._post_in_parent = self._needs_post() or self._cfg.storing_device is not None
 

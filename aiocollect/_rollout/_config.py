@@ -74,18 +74,23 @@ def _exploration_type(value: Any) -> str:
 
 
 def _env_types() -> tuple[type, ...]:
-    """The classes an env instance may have: aiocollect's, and gymnasium's once it is loaded.
+    """The classes an env instance may have: aiocollect's, and gymnasium's or TorchRL's once loaded.
 
     A gymnasium env cannot exist before gymnasium was imported, so a process whose envs are
     all aiocollect `BatchedEnv`s never imports it.
     """
     from .._envs._base import AsyncBatchedEnv, BatchedEnv
 
-    if "gymnasium" not in sys.modules:
-        return (BatchedEnv, AsyncBatchedEnv)
-    import gymnasium as gym
+    types: tuple[type, ...] = (BatchedEnv, AsyncBatchedEnv)
+    if "gymnasium" in sys.modules:
+        import gymnasium as gym
 
-    return (gym.Env, gym.vector.VectorEnv, BatchedEnv, AsyncBatchedEnv)
+        types += (gym.Env, gym.vector.VectorEnv)
+    if "torchrl" in sys.modules:  # likewise a TorchRL env: torchrl is imported only by its users
+        from torchrl.envs import EnvBase
+
+        types += (EnvBase,)
+    return types
 
 
 def _env_fn(value: Any) -> Any:
@@ -100,8 +105,8 @@ def _env_fn(value: Any) -> Any:
     if isinstance(value, _env_types()) or callable(value):
         return value
     raise TypeError(
-        "create_env_fn must be a gymnasium env id, a gymnasium Env or VectorEnv, an aiocollect BatchedEnv, "
-        f"or a zero-argument callable returning one, got {value!r}"
+        "create_env_fn must be a gymnasium env id, a gymnasium Env or VectorEnv, a TorchRL EnvBase, an aiocollect "
+        f"BatchedEnv, or a zero-argument callable returning one, got {value!r}"
     )
 
 
@@ -226,6 +231,14 @@ def make_env(cfg: CollectorConfig) -> Any:
         env = fn(**kwargs)
     if isinstance(env, (BatchedEnv, AsyncBatchedEnv)):
         return env
+    from .._envs._torchrl import TorchRLEnv, is_torchrl_env
+
+    if is_torchrl_env(env):
+        try:
+            return TorchRLEnv(env)
+        except BaseException:
+            env.close()
+            raise
     if isinstance(env, _env_types()):  # a gymnasium env (aiocollect's were returned above)
         from .._envs._gym import wrap_gymnasium
 
@@ -235,5 +248,6 @@ def make_env(cfg: CollectorConfig) -> Any:
             env.close()
             raise
     raise TypeError(
-        f"create_env_fn returned {type(env).__name__}; it must return a gymnasium Env/VectorEnv or an aiocollect BatchedEnv"
+        f"create_env_fn returned {type(env).__name__}; it must return a gymnasium Env/VectorEnv, a TorchRL EnvBase "
+        "or an aiocollect BatchedEnv"
     )

@@ -106,9 +106,15 @@ class PolicyAdapter:
             et = exploration_type
             self._interaction = et if isinstance(et, InteractionType) else InteractionType(str(et).lower())
 
-    def bind(self, spec: EnvSpec) -> None:
-        """Learn the env's observation and action keys (called once the env exists)."""
-        reserved = {"next", "collector", "reward", "done", "terminated", "truncated", "step_count", *spec.action}
+    def bind(self, spec: EnvSpec, *, counts_steps: bool = False) -> None:
+        """Learn the env's observation and action keys (called once the env exists).
+
+        ``counts_steps`` says the collector writes ``"step_count"`` itself (``max_frames_per_traj``
+        is set); otherwise an env may own that key (a TorchRL ``StepCounter``).
+        """
+        reserved = {"next", "collector", "reward", "done", "terminated", "truncated", *spec.action}
+        if counts_steps:
+            reserved.add("step_count")
         clash = sorted(str(k) for k in spec.observation if (k if isinstance(k, str) else k[0]) in reserved)
         if clash:
             raise ValueError(

@@ -94,7 +94,7 @@ class _Worker:
         try:
             policy = spec.policy if spec.policy_factory is None else spec.policy_factory()
             adapter = PolicyAdapter(policy, policy_device=c.policy_device, exploration_type=c.exploration_type)
-            adapter.bind(env.spec)
+            adapter.bind(env.spec, counts_steps=c.max_frames_per_traj is not None)
             if spec.load_weights:  # updates were published since the engine pickled the policy
                 _load_weights(adapter.policy, self.channel.weights())
             adapter.version = spec.policy_version

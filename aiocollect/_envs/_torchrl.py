@@ -1,0 +1,179 @@
+"""TorchRL environments (any ``torchrl.envs.EnvBase``) as an aiocollect `BatchedEnv`.
+
+torchrl is an optional dependency: this module imports it only when a TorchRL env is
+actually handed to a collector (`is_torchrl_env` looks in ``sys.modules`` first, so a
+process that never imported torchrl never will).
+
+The adapter keeps TorchRL's own "root" TensorDict between calls, as TorchRL's collector
+does: transforms such as ``StepCounter`` or ``RewardSum`` read their running state from the
+root they are stepped with, and a partial reset (``"_reset"``) keeps the rows it does not
+reset. So a TorchRL env yields, under aiocollect, the same values it yields under TorchRL.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ._base import BatchedEnv, StepArrays, StepOut
+from ._specs import ArraySpec, EnvSpec, NestedKey
+
+if TYPE_CHECKING:
+    from tensordict import TensorDictBase
+
+__all__ = ["TorchRLEnv", "is_torchrl_env"]
+
+
+def is_torchrl_env(obj: Any) -> bool:
+    """True if ``obj`` is a ``torchrl.envs.EnvBase`` (without importing torchrl if it was not)."""
+    if "torchrl" not in sys.modules:
+        return False
+    from torchrl.envs import EnvBase
+
+    return isinstance(obj, EnvBase)
+
+
+def _unbatched(spec: Any, nb: int) -> Any:
+    # A batched env's leaf specs carry the batch dims (ParallelEnv(4, ...): [4, *shape]);
+    # aiocollect's ArraySpec is per env, so take env 0's (they are identical by construction).
+    return spec[(0,) * nb] if nb else spec
+
+
+def _array_spec(key: NestedKey, spec: Any, nb: int) -> ArraySpec:
+    from torchrl.data import Binary, Bounded, Categorical, MultiCategorical, MultiOneHot, OneHot
+
+    one = _unbatched(spec, nb)
+    shape, dtype = tuple(one.shape), one.dtype
+    if isinstance(one, OneHot):
+        return ArraySpec(shape, dtype, kind="one_hot", n=int(one.space.n))
+    if isinstance(one, MultiOneHot):
+        raise TypeError(
+            f"TorchRL env entry {key!r} is a MultiOneHot spec, which has no aiocollect equivalent; "
+            "use MultiCategorical (index) actions instead"
+        )
+    if isinstance(one, Binary):
+        return ArraySpec(shape, dtype, kind="binary")
+    if isinstance(one, MultiCategorical):
+        return ArraySpec(shape, dtype, kind="multi_discrete", nvec=torch.as_tensor(one.nvec))
+    if isinstance(one, Categorical):
+        return ArraySpec(shape, dtype, kind="discrete", n=int(one.space.n))
+    if isinstance(one, Bounded):
+        return ArraySpec(shape, dtype, low=one.space.low.clone(), high=one.space.high.clone())
+    return ArraySpec(shape, dtype)
+
+
+def _leaves(composite: Any, nb: int) -> dict[NestedKey, ArraySpec]:
+    return {k: _array_spec(k, composite[k], nb) for k in composite.keys(True, True)}
+
+
+def _single_key(keys: list[NestedKey], what: str, env: Any) -> NestedKey:
+    top = [k if isinstance(k, str) else k[0] for k in keys if isinstance(k, str) or len(k) == 1]
+    if len(top) == len(keys) == 1:
+        return top[0]
+    raise TypeError(
+        f"TorchRL env {type(env).__name__} has {what} keys {keys} (a multi-agent or nested layout); aiocollect "
+        f"collects envs with one root {what}: group the agents' {what}s into one root entry with a transform"
+    )
+
+
+class TorchRLEnv(BatchedEnv):
+    """A ``torchrl.envs.EnvBase`` (``GymEnv``, ``TransformedEnv``, ``SerialEnv``, ``ParallelEnv``, ...).
+
+    Collectors wrap TorchRL envs in this for you: ``create_env_fn`` may be a TorchRL env, a
+    factory returning one, or an ``EnvCreator``. Every entry of the env's observation spec
+    becomes an observation key (``"observation"``, ``"pixels"``, ``"step_count"`` of a
+    ``StepCounter``, ``"episode_reward"`` of a ``RewardSum``, ...), every entry of its action
+    spec an action key, with the env's own shapes and dtypes.
+
+    Args:
+        env: The TorchRL env. Its batch size becomes the collector's env batch.
+
+    Examples:
+        >>> from torchrl.envs import GymEnv  # doctest: +SKIP
+        >>> env = TorchRLEnv(GymEnv("Pendulum-v1"))  # doctest: +SKIP
+        >>> sorted(env.spec.observation), tuple(env.spec.batch_size)  # doctest: +SKIP
+        (['observation'], ())
+    """
+
+    def __init__(self, env: Any) -> None:
+        self.env = env
+        self._nb = len(env.batch_size)
+        self._reward_key = _single_key(list(env.reward_keys), "reward", env)
+        done_keys = list(env.done_keys)
+        _single_key([k for k in done_keys if (k if isinstance(k, str) else k[-1]) == "done"], "done", env)
+        self._terminated_key = "terminated" if "terminated" in done_keys else "done"
+        self._renamed = self._reward_key != "reward" or self._terminated_key != "terminated"
+        self._reset_keys = list(env.reset_keys)
+        self._done_shape = tuple(env.full_done_spec["done"].shape)
+        self.spec = EnvSpec(
+            env.batch_size,
+            observation=_leaves(env.observation_spec, self._nb),
+            action=_leaves(env.full_action_spec, self._nb),
+        )
+        self._root: TensorDictBase | None = None  # what TorchRL's collector calls its shuttle
+
+    def set_seed(self, seed: int) -> int:
+        """Seed the env as TorchRL does (``env.set_seed``); returns the env's next seed."""
+        return int(self.env.set_seed(int(seed)))
+
+    def _reset_root(self, mask: Any) -> TensorDictBase:
+        root = self._root
+        if root is None or mask is None:
+            root = self.env.reset()
+        else:
+            mask = torch.as_tensor(mask, dtype=torch.bool)
+            if not bool(mask.any()):
+                return root
+            if self._nb == 0 or bool(mask.all()):
+                root = self.env.reset()
+            else:
+                td = root.copy()  # shallow: env.reset writes the reset rows into a new root
+                flag = mask.reshape(*mask.shape, *([1] * (len(self._done_shape) - self._nb)))
+                for key in self._reset_keys:
+                    td.set(key, flag.expand(self._done_shape).clone())
+                root = self.env.reset(td)
+                root.exclude(*self._reset_keys, inplace=True)
+        self._root = root
+        return root
+
+    def reset(self, mask: torch.Tensor | None = None, seeds: Sequence[int] | None = None) -> TensorDictBase:
+        """Reset the rows selected by ``mask`` (TorchRL's ``"_reset"``); see `BatchedEnv.reset`.
+
+        ``seeds`` (one per env) seed the TorchRL env with the first of them (``env.set_seed``
+        seeds a batched env's sub-envs itself) before it resets.
+        """
+        if seeds is not None:
+            self.set_seed(int(seeds[0]))
+            mask = None
+        return self._reset_root(mask)
+
+    def step(self, action: TensorDictBase) -> TensorDictBase:
+        """Step the env with ``action``; returns TorchRL's ``"next"`` TensorDict."""
+        return self._step_with(action.items(include_nested=True, leaves_only=True))
+
+    def _step_with(self, action: Any) -> TensorDictBase:
+        root = self._root if self._root is not None else self._reset_root(None)
+        td = root.copy()  # shallow: the root's tensors are not copied
+        for key, value in action:
+            td.set(key, value)
+        nxt = self.env.step(td).get("next")
+        # TorchRL's step_mdp: the next root is "next" without the reward.
+        self._root = nxt.exclude(self._reward_key)
+        return nxt
+
+    def _reset_arrays(self, mask: Any, seeds: Sequence[int] | None) -> dict[NestedKey, torch.Tensor]:
+        return self._unpack_reset(self.reset(mask, seeds))
+
+    def _step_arrays(self, action: dict[NestedKey, torch.Tensor], out: StepOut | None = None) -> StepArrays:
+        nxt = self._step_with(action.items())
+        if self._renamed:  # a reward or termination flag under another name: read it as aiocollect's
+            nxt = nxt.copy().set("reward", nxt.get(self._reward_key)).set("terminated", nxt.get(self._terminated_key))
+        return self._unpack_step(nxt)
+
+    def close(self) -> None:
+        """Close the TorchRL env (a ``ParallelEnv`` stops its workers)."""
+        if not self.env.is_closed:
+            self.env.close()
