@@ -102,15 +102,41 @@ def assert_same_batches(ours: list[TensorDict], theirs: list[TensorDict], *, tra
     assert any(bool(t["next", "truncated"].any()) for t in theirs)
 
 
-def collect(make: object, env: object, n_batches: int = 4, frames: int = 40) -> list[TensorDict]:
-    collector = make(env, policy(), frames_per_batch=frames, total_frames=frames * n_batches)
+def collect(make: object, env: object, n_batches: int = 4, frames: int = 40, pol: object = None) -> list[TensorDict]:
+    pol = policy() if pol is None else pol
+    collector = make(env, pol, frames_per_batch=frames, total_frames=frames * n_batches)
     try:
         return [batch.clone() for batch in collector]
     finally:
         collector.shutdown()
 
 
-ENV_FNS = {"GymEnv+transforms": functools.partial(pendulum, 0), "SerialEnv": functools.partial(two_pendulums, 0)}
+class Recurrent:
+    """An LSTM policy and the env it needs (InitTracker, and a primer for its state), built once."""
+
+    def __init__(self) -> None:
+        from tensordict.nn import TensorDictSequential
+        from torchrl.modules import LSTMModule
+
+        torch.manual_seed(0)
+        self.lstm = LSTMModule(input_size=3, hidden_size=8, in_key="observation", out_key="embed")
+        head = TensorDictModule(torch.nn.Linear(8, 1), in_keys=["embed"], out_keys=["action"])
+        self.policy = TensorDictSequential(self.lstm, head)
+
+    def env(self) -> TransformedEnv:
+        env = TransformedEnv(GymEnv("Pendulum-v1"), Compose(StepCounter(7), InitTracker(),
+                                                            self.lstm.make_tensordict_primer()))  # fmt: skip
+        env.set_seed(0)
+        return env
+
+
+RECURRENT = Recurrent()
+ENV_FNS = {
+    "GymEnv+transforms": functools.partial(pendulum, 0),
+    "SerialEnv": functools.partial(two_pendulums, 0),
+    "LSTM policy": RECURRENT.env,
+}
+POLICIES = {"LSTM policy": RECURRENT.policy}
 MULTI_FNS = [functools.partial(pendulum, 0), functools.partial(pendulum, 1)]
 
 
@@ -122,7 +148,7 @@ def torchrl_batches() -> dict[str, list[TensorDict]]:
     few descriptors) for the rest of the process: they are the reference's, not leaks of
     the aiocollect code under test.
     """
-    out = {name: collect(TorchRLCollector, fn()) for name, fn in ENV_FNS.items()}
+    out = {name: collect(TorchRLCollector, fn(), pol=POLICIES.get(name)) for name, fn in ENV_FNS.items()}
     out["multi"] = collect(TorchRLMultiSync, MULTI_FNS, n_batches=3)
     gc.collect()
     return out
@@ -138,10 +164,18 @@ def collect_garbage() -> Iterator[None]:
 
 @pytest.mark.parametrize("name", list(ENV_FNS))
 def test_sync_collector_gives_torchrl_batches_value_for_value(name: str, torchrl_batches: dict) -> None:
-    ours = collect(SyncDataCollector, ENV_FNS[name]())
+    ours = collect(SyncDataCollector, ENV_FNS[name](), pol=POLICIES.get(name))
     assert_same_batches(ours, torchrl_batches[name])
     if name == "SerialEnv":
         assert ours[0].shape == (2, 20)
+    if name == "LSTM policy":
+        # The policy's next state goes through the env into "next" and on to the next step's
+        # root, and starts again from zeros after each reset (InitTracker's is_init).
+        b = ours[0]
+        assert {"recurrent_state_h", ("next", "recurrent_state_h"), "is_init"} <= leaves(b)
+        torch.testing.assert_close(b["recurrent_state_h"][1:6], b["next", "recurrent_state_h"][:5])
+        starts = b["is_init"].squeeze(-1)
+        assert bool(starts[7]) and not bool(b["recurrent_state_h"][7].any())
 
 
 def same_partition(a: torch.Tensor, b: torch.Tensor) -> bool:

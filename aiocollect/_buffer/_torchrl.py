@@ -12,11 +12,11 @@ kept and raised by the collector's ``async_shutdown()`` (or on leaving ``async w
 
 from __future__ import annotations
 
-import sys
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .._core._optional import is_instance_of
 from .._core._threads import to_thread
 
 if TYPE_CHECKING:
@@ -27,11 +27,7 @@ __all__ = ["TorchRLBufferSink", "is_torchrl_buffer"]
 
 def is_torchrl_buffer(obj: Any) -> bool:
     """True if ``obj`` is a ``torchrl.data.ReplayBuffer`` (never imports torchrl itself)."""
-    if "torchrl" not in sys.modules:
-        return False
-    from torchrl.data import ReplayBuffer
-
-    return isinstance(obj, ReplayBuffer)
+    return is_instance_of(obj, "torchrl.data", "ReplayBuffer")
 
 
 @dataclass(frozen=True)

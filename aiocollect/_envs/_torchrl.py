@@ -12,12 +12,12 @@ reset. So a TorchRL env yields, under aiocollect, the same values it yields unde
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .._core._optional import is_instance_of
 from ._base import BatchedEnv, StepArrays, StepOut
 from ._specs import ArraySpec, EnvSpec, NestedKey
 
@@ -28,12 +28,8 @@ __all__ = ["TorchRLEnv", "is_torchrl_env"]
 
 
 def is_torchrl_env(obj: Any) -> bool:
-    """True if ``obj`` is a ``torchrl.envs.EnvBase`` (without importing torchrl if it was not)."""
-    if "torchrl" not in sys.modules:
-        return False
-    from torchrl.envs import EnvBase
-
-    return isinstance(obj, EnvBase)
+    """True if ``obj`` is a ``torchrl.envs.EnvBase`` (never imports torchrl itself)."""
+    return is_instance_of(obj, "torchrl.envs", "EnvBase")
 
 
 def _unbatched(spec: Any, nb: int) -> Any:
@@ -98,6 +94,10 @@ class TorchRLEnv(BatchedEnv):
         (['observation'], ())
     """
 
+    #: The rollout passes the policy's ("next", <observation key>) outputs with the action:
+    #: TorchRL's ``step`` keeps them in "next" (a recurrent policy's next state).
+    _takes_next = True
+
     def __init__(self, env: Any) -> None:
         self.env = env
         self._nb = len(env.batch_size)
@@ -108,11 +108,12 @@ class TorchRLEnv(BatchedEnv):
         self._renamed = self._reward_key != "reward" or self._terminated_key != "terminated"
         self._reset_keys = list(env.reset_keys)
         self._done_shape = tuple(env.full_done_spec["done"].shape)
-        self.spec = EnvSpec(
-            env.batch_size,
-            observation=_leaves(env.observation_spec, self._nb),
-            action=_leaves(env.full_action_spec, self._nb),
-        )
+        action = _leaves(env.full_action_spec, self._nb)
+        # State-spec entries (a recurrent policy's state from a TensorDictPrimer) are read and
+        # recorded like observations: TorchRL's collector keeps them at the root and in "next".
+        state = {k: v for k, v in _leaves(env.full_state_spec, self._nb).items() if k not in action}
+        self.spec = EnvSpec(env.batch_size, observation={**state, **_leaves(env.observation_spec, self._nb)},
+                            action=action)  # fmt: skip
         self._root: TensorDictBase | None = None  # what TorchRL's collector calls its shuttle
 
     def set_seed(self, seed: int) -> int:

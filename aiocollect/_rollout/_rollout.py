@@ -23,6 +23,10 @@ import torch
 from .._core._seeding import TrajCounter
 from .._envs._base import AsyncBatchedEnv, BatchedEnv, StepArrays, StepOut
 from .._envs._specs import ArraySpec, NestedKey
+from ._arrays import expand_mask as _expand
+from ._arrays import next_key as _nxt
+from ._arrays import np_views as _np_views
+from ._arrays import numpy_or_none as _numpy
 from ._policy import PolicyAdapter
 
 if TYPE_CHECKING:
@@ -35,27 +39,6 @@ _CACHED_STEPS = 4096
 
 class Interrupted(Exception):
     """The collector asked the rollout to stop between two steps."""
-
-
-def _nxt(key: NestedKey) -> tuple[str, ...]:
-    return ("next", key) if isinstance(key, str) else ("next", *key)
-
-
-def _np_views(tensors: dict[Any, torch.Tensor]) -> dict[Any, np.ndarray]:
-    """Numpy views of those of ``tensors`` that have one (on the CPU, of a dtype numpy knows)."""
-    views = {}
-    for k, v in tensors.items():
-        try:
-            views[k] = v.numpy()
-        except (RuntimeError, TypeError):  # e.g. bfloat16, or on a GPU: written by torch
-            pass
-    return views
-
-
-def _numpy(tensors: dict[Any, torch.Tensor]) -> dict[Any, np.ndarray] | None:
-    """Numpy views of all of ``tensors``, or ``None`` (the torch path then writes them)."""
-    views = _np_views(tensors)
-    return views if len(views) == len(tensors) else None
 
 
 class Rollout:
@@ -118,6 +101,9 @@ class Rollout:
         self.buf: dict[NestedKey, torch.Tensor] | None = None
         self.flat: dict[str, torch.Tensor] = {}
         self.extras: list[NestedKey] = []
+        # Policy outputs under ("next", <observation key>) (a TorchRL recurrent state) that the
+        # env takes with the action, for envs that ask for them (TorchRL's, which carry them on).
+        self._next_inputs: list[NestedKey] = []
         self.checked = False
         self._action_keys = list(env.spec.action)
         # Gymnasium adapters take numpy actions: then the rollout converts each action once.
@@ -207,7 +193,9 @@ class Rollout:
         specs: dict[NestedKey, ArraySpec] = dict(self.spec.observation)
         specs.update(self.spec.action)
         if first is not None:
-            self.extras = [k for k in first if k not in self.spec.action]
+            nxt = {_nxt(k) for k in self.spec.observation}  # recorded from the env's output
+            self.extras = [k for k in first if k not in self.spec.action and k not in nxt]
+            self._next_inputs = [k for k in first if k in nxt] if getattr(self.env, "_takes_next", False) else []
             for k in self.extras:
                 v = first[k]
                 specs[k] = ArraySpec(tuple(v.shape[self.nb :]), v.dtype)
@@ -316,6 +304,9 @@ class Rollout:
             for k, dst in views.out[len(self._action_keys) :]:
                 if k in out:
                     dst.copy_(out[k])
+        for k in self._next_inputs:
+            if k in out:
+                action[k] = out[k]
         if views.traj_np is not None:
             views.traj_np[...] = self._traj_np
         if self.max_steps:
@@ -493,6 +484,3 @@ class Rollout:
                 self.apply_reset(await env._reset_arrays(done, None), done)
         return await run_sync(self._wrap, out, self.T)
 
-
-def _expand(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    return mask.reshape((*mask.shape, *([1] * (like.dim() - mask.dim()))))
