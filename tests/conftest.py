@@ -99,3 +99,26 @@ def no_leaks() -> Iterator[None]:
     problems = find_leaks(before, after)
     if problems:
         pytest.fail("resources leaked by the test:\n  " + "\n  ".join(problems), pytrace=False)
+
+
+def _sigint_state() -> tuple[object, bool, int]:
+    import signal
+
+    wakeup_fd = signal.set_wakeup_fd(-1)  # reading it means setting it: put it back at once
+    if wakeup_fd != -1:
+        signal.set_wakeup_fd(wakeup_fd)
+    return signal.getsignal(signal.SIGINT), signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []), wakeup_fd
+
+
+@pytest.fixture(autouse=True)
+def sigint_untouched() -> Iterator[None]:
+    """Fail a test that leaves the main thread's SIGINT handler, mask or wake-up fd changed.
+
+    A blocked or ignored SIGINT is inherited by every process started afterwards, and makes
+    every later Ctrl-C test hang rather than fail where the change was made.
+    """
+    before = _sigint_state()
+    yield
+    after = _sigint_state()
+    if after != before:
+        pytest.fail(f"SIGINT (handler, blocked, wake-up fd) changed by the test: {before} -> {after}", pytrace=False)
