@@ -14,11 +14,14 @@ is reported.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 try:  # psutil comes with the ``test`` extra; fall back to /proc without it.
@@ -34,6 +37,7 @@ __all__ = [
     "Snapshot",
     "check_no_leaks",
     "find_leaks",
+    "orphans_reparented_here",
     "take_snapshot",
     "wait_for_no_leaks",
 ]
@@ -194,8 +198,7 @@ def find_leaks(before: Snapshot, after: Snapshot, *, fd_slack: int = FD_SLACK) -
         problems.append(f"leaked /dev/shm entry {name!r}")
     if after.fd_count > before.fd_count + fd_slack:
         problems.append(
-            f"leaked file descriptors: {before.fd_count} open before, {after.fd_count} after "
-            f"(slack {fd_slack})"
+            f"leaked file descriptors: {before.fd_count} open before, {after.fd_count} after (slack {fd_slack})"
         )
     return problems
 
@@ -231,3 +234,23 @@ def wait_for_no_leaks(
             return after
         pause.wait(min(interval, remaining))
         interval = min(interval * 2, 0.25)
+
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+@contextmanager
+def orphans_reparented_here() -> Iterator[None]:
+    """Make this process the reaper of orphaned descendants for the duration (Linux only).
+
+    A grandchild whose parent dies is then reparented here instead of to init, so it shows
+    up among this process's children (and in the leak check) instead of vanishing from view.
+    """
+    libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+    if libc is not None and libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        libc = None  # not permitted here: surviving grandchildren would go to init unseen
+    try:
+        yield
+    finally:
+        if libc is not None:
+            libc.prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)

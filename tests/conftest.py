@@ -50,6 +50,27 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "all_backends: run an anyio test under asyncio, asyncio+uvloop and trio",
     )
+    _give_ctrl_c_back()
+
+
+def _give_ctrl_c_back() -> None:
+    """Start the suite with Ctrl-C as a terminal user has it, whatever the runner handed us.
+
+    A job started in the background by a non-interactive shell (``cmd &`` in a CI script)
+    inherits SIGINT *ignored*, and Python then keeps it ignored instead of installing its
+    KeyboardInterrupt handler; every process the suite spawns inherits that too. The Ctrl-C
+    tests would then wait for an interrupt that can never arrive. A handled signal is reset
+    to its default at exec, so installing Python's handler here also gives it back to the
+    scripts and workers the tests start.
+    """
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
 
 
 def _parametrizes(metafunc: pytest.Metafunc, argname: str) -> bool:

@@ -17,19 +17,21 @@ records the command line of every descendant while the example runs.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import runpy
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
 import pytest
+
+try:  # works whether or not tests/ is a package
+    from ._leaks import orphans_reparented_here
+except ImportError:
+    from _leaks import orphans_reparented_here
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
@@ -50,22 +52,6 @@ NEEDS: dict[str, str] = {"torchrl_ppo.py": "torchrl"}
 
 #: Seconds one example may take (spawned workers alone need ~5 s to start on 2 slow cores).
 RUN_TIMEOUT = 100
-
-_PR_SET_CHILD_SUBREAPER = 36
-
-
-@contextmanager
-def orphans_reparented_here() -> Iterator[None]:
-    """Make this process the reaper of orphaned descendants for the duration (Linux only)."""
-    libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-    if libc is not None and libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        libc = None  # not permitted here: surviving grandchildren would go to init unseen
-    try:
-        yield
-    finally:
-        if libc is not None:
-            libc.prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
-
 
 #: Descendants an example may leave behind (see the module docstring).
 ALLOWED_SURVIVORS = re.compile(r"multiprocessing\.resource_tracker")

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Launcher", "MpLauncher", "SubmititLauncher", "cancel_job", "end_job", "submitit_executor"]
+__all__ = ["Launcher", "MpLauncher", "SubmititLauncher", "cancel_job", "end_job", "kill_tree", "submitit_executor"]
 
 #: TorchRL's SLURM defaults, which ``slurm_kwargs`` update.
 DEFAULT_SLURM_CONF = {"timeout_min": 10, "slurm_partition": "train", "cpus_per_task": 32, "gpus_per_node": 0}
@@ -200,5 +200,42 @@ def end_job(job: Any, timeout: float) -> None:
     try:
         proc.wait(LOCAL_EXIT_GRACE)  # the controller sends SIGINT, then SIGKILL after 1 s
     except subprocess.TimeoutExpired:
-        proc.kill()
+        # The controller did not act on the cancel (a process started with SIGINT ignored,
+        # as a background job of a non-interactive shell is, keeps it ignored). Killing the
+        # controller alone would orphan its task processes, so the whole tree goes.
+        kill_tree(proc.pid)
         proc.wait()
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants (those found before the kill; Linux /proc).
+
+    Children are listed first and the parent killed first, so none can start another.
+    Elsewhere only ``pid`` itself is killed.
+    """
+    tree = [pid, *_descendants(pid)]
+    for p in tree:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _descendants(pid: int) -> list[int]:
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tids = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            out.extend(kids)
+            todo.extend(kids)
+    return out

@@ -3,7 +3,8 @@
 Each case is a script run as a user would (``python train.py``): the decorated main runs as
 a local submitit job, the node jobs are submitted once it has published its address, and
 the collector inside main uses ``launcher="submitit_delayed"``. The script reports what it
-collected and every process of its tree left when the call returned.
+collected and every process of its tree left when the call returned (it is a child
+subreaper, so a job process orphaned on the way counts too).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.timeout(240)
 ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = """
-import sys, time
+import ctypes, sys, time
 import anyio, psutil
 from aiocollect import DistributedCollector, RPCCollector, submitit_delayed_launcher
 from aiocollect.testing import CountingEnv
@@ -54,6 +55,10 @@ def left():
         time.sleep(0.1)
 
 if __name__ == "__main__":
+    # A child subreaper: a job process orphaned by its killed controller comes back here
+    # (instead of to init) and is seen by left().
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)
     try:
         print("batches", main(60), flush=True)
     except Exception as exc:

@@ -9,18 +9,23 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from functools import partial
 from pathlib import Path
 
 import anyio
+import psutil
 import pytest
 import torch
+from _leaks import orphans_reparented_here
 from _net import free_port
 from tensordict.nn import TensorDictModule
 
 from aiocollect import DistributedCollector, DistributedSyncCollector
+from aiocollect._workers import _launch
 from aiocollect.testing import CountingEnv, ScriptedPolicy
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
@@ -143,6 +148,35 @@ async def test_submitit_local_executor_runs_nodes_and_cleans_up(tmp_path: Path) 
             frames = sum([b.numel() async for b in c])
     assert frames == 32
     assert any(tmp_path.iterdir()), "submitit wrote no job folder: the launcher did not go through it"
+
+
+def test_a_submitit_job_deaf_to_its_cancel_is_killed_with_its_tasks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # submitit cancels a local job with SIGINT. A job started with SIGINT ignored (as every
+    # process of a CI script's background job is) never acts on it; killing only its
+    # controller used to orphan the task process, which then ran on unseen.
+    pytest.importorskip("submitit")
+    monkeypatch.setattr(_launch, "LOCAL_EXIT_GRACE", 0.5)
+    ready = tmp_path / "task-started"
+    code = f"import pathlib, threading; pathlib.Path({str(ready)!r}).touch(); threading.Event().wait()"
+    executor = _launch.submitit_executor(str(tmp_path), {"timeout_min": 5})
+    with orphans_reparented_here():
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the controller and its task
+        try:
+            job = executor.submit(exec, code)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        deadline = time.monotonic() + 60
+        while not ready.exists():  # the task's own word that it runs: no event crosses processes here
+            assert time.monotonic() < deadline, "the submitit task never started"
+            time.sleep(0.05)
+        tree = [psutil.Process(job._process.pid), *psutil.Process(job._process.pid).children(recursive=True)]
+        assert len(tree) >= 2, "expected the controller and its task"
+        _launch.cancel_job(job)
+        _launch.end_job(job, 0.0)
+        _, alive = psutil.wait_procs(tree, timeout=10)
+    assert not alive, f"left running after end_job: {[p.cmdline() for p in alive]}"
 
 
 async def test_torchrun_job_with_the_trainer_as_rank_0_uses_the_agents_store(tmp_path: Path) -> None:
