@@ -91,8 +91,8 @@ async def test_background_error_nobody_sampled_is_raised_at_shutdown() -> None:
         with pytest.raises(ValueError, match="^FailingEnv failed at step 3$"):
             async with Collector(lambda: FailingEnv(1, fail_at=3), frames_per_batch=4, replay_buffer=rb) as c:
                 c.start()
-                while c.is_running():
-                    await anyio.lowlevel.checkpoint()
+                await c.wait_finished()  # the env's failure ends it; the error waits for shutdown
+                assert not c.is_running()
 
 
 @pytest.mark.anyio
@@ -106,6 +106,8 @@ async def test_start_and_iteration_rules() -> None:
     with pytest.raises(RuntimeError, match=r"^start\(\) needs an open Collector; call it inside 'async with collector:'$"):
         c.start()
     async with c:
+        with pytest.raises(RuntimeError, match=r"^wait_finished\(\) waits for background collection; call Collector"):
+            await c.wait_finished()
         c.start()
         with pytest.raises(RuntimeError, match=r"^this Collector was already started"):
             c.start()
@@ -161,6 +163,19 @@ async def test_weight_updates_reach_the_background_and_the_buffer() -> None:
     for version, weight in ((0, 1.0), (1, -1.0)):
         rows = versions == version
         assert torch.equal(actions[rows], ScriptedPolicy(weight)(obs[rows]))
+
+
+def test_blocking_wait_finished_returns_once_the_budget_is_spent() -> None:
+    rb = blocking.ReplayBuffer(1_000)
+    collector = SyncDataCollector(lambda: CountingEnv(2), frames_per_batch=32, total_frames=320, replay_buffer=rb)
+    collector.start()
+    try:
+        collector.wait_finished()
+        assert not collector.is_running()
+        assert len(rb) == 320  # the budget, written before the wait returned
+    finally:
+        collector.async_shutdown()
+        rb.close()
 
 
 def test_seed_documentation_pattern_with_blocking_classes() -> None:

@@ -17,11 +17,15 @@ import torch
 
 pytest.importorskip("torchrl.envs")
 
+# Imported here, not first inside a test: the module keeps the exception of its optional
+# `import gym` for ever, and with it the frames of whichever call imported it first (a
+# collector's, which would then never be freed, nor the TorchRL buffer it writes into).
+import torchrl.envs.libs.utils  # noqa: F401
 from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
 from torchrl.collectors import Collector as TorchRLCollector
 from torchrl.collectors import MultiSyncCollector as TorchRLMultiSync
-from torchrl.data import LazyTensorStorage, ReplayBuffer, TensorDictReplayBuffer
+from torchrl.data import LazyTensorStorage, ReplayBuffer, TensorDictPrioritizedReplayBuffer, TensorDictReplayBuffer
 from torchrl.envs import (
     Compose,
     DoubleToFloat,
@@ -294,6 +298,46 @@ def test_seeds_background_pattern_fills_a_torchrl_buffer(kind: str, buffer_cls: 
     assert not collector.is_running()
 
 
+def _segment_trees_missing() -> str | None:
+    """Why TorchRL's prioritized buffers cannot run here, or None if they can."""
+    from torchrl.data import TensorDictPrioritizedReplayBuffer
+
+    try:
+        rb = TensorDictPrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=LazyTensorStorage(4))
+        rb.extend(TensorDict({"x": torch.zeros(2)}, batch_size=[2]))
+    except (ImportError, RuntimeError) as exc:
+        return f"TorchRL's C++ segment trees do not load next to this torch ({exc})"
+    return None
+
+
+class WatchedPrioritizedReplayBuffer(Watched, TensorDictPrioritizedReplayBuffer):
+    pass
+
+
+@pytest.mark.parametrize("kind", ["sync", "multi-async"])
+def test_background_collection_into_a_torchrl_prioritized_buffer(kind: str) -> None:
+    # torchrl 0.14.1's wheel is built against torch 2.14: its segment trees load only there.
+    why = _segment_trees_missing()
+    if why is not None:
+        pytest.skip(why)
+    rb = WatchedPrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=LazyTensorStorage(1_000), batch_size=16)
+    if kind == "sync":
+        collector = SyncDataCollector(make_pendulum, None, frames_per_batch=50, total_frames=400, replay_buffer=rb)
+    else:
+        collector = MultiaSyncDataCollector([make_pendulum] * 2, None, frames_per_batch=50, total_frames=400,
+                                            replay_buffer=rb)  # fmt: skip
+    collector.start()
+    rb.wait_len(16)
+    sample = rb.sample()  # TorchRL's prioritized sample, while collection goes on
+    assert {"index", "priority_weight"} <= set(sample.keys()) and sample.shape == (16,)
+    sample.set("td_error", torch.arange(16, dtype=torch.float32) + 1)
+    rb.update_tensordict_priority(sample)  # the learner's priority update, during collection
+    rb.wait_len(400)
+    collector.async_shutdown()
+    assert len(rb) == 400  # every frame, once
+    assert not collector.is_running()
+
+
 def test_torchrl_buffer_writes_happen_off_the_event_loop_and_errors_reach_async_shutdown() -> None:
     rb = RecordingBuffer(storage=LazyTensorStorage(1_000), batch_size=4)
     calls = 0
@@ -311,47 +355,15 @@ def test_torchrl_buffer_writes_happen_off_the_event_loop_and_errors_reach_async_
         async with aiocollect.Collector(pendulum(), pol, frames_per_batch=10, total_frames=100, replay_buffer=rb) as c:
             loop_thread = threading.get_ident()
             c.start()
-            # No event marks the end of background collection: is_running() is the public signal.
             with anyio.fail_after(30):
-                while c.is_running():  # noqa: ASYNC110
-                    await anyio.sleep(0.01)
+                await c.wait_finished()  # the policy's failure ends background collection
+            assert not c.is_running()
             with pytest.raises(RuntimeError, match="policy blew up"):
                 await c.async_shutdown()
         assert rb.extend_threads and loop_thread not in rb.extend_threads
         assert len(rb) >= 10 and len(rb) % 10 == 0  # the whole batches before the failure, nothing torn
 
     anyio.run(main)
-
-
-def test_a_multi_agent_torchrl_env_is_refused_with_the_reason() -> None:
-    from torchrl.envs import EnvBase
-
-    from aiocollect._envs._torchrl import TorchRLEnv
-
-    class TwoAgents(EnvBase):
-        def __init__(self) -> None:
-            from torchrl.data import Categorical, Composite, Unbounded
-
-            super().__init__()
-            agents = Composite(observation=Unbounded((2, 3)), shape=(2,))
-            self.observation_spec = Composite(agents=agents)
-            self.action_spec = Composite(agents=Composite(action=Categorical(2, (2,)), shape=(2,)))
-            self.reward_spec = Composite(agents=Composite(reward=Unbounded((2, 1)), shape=(2,)))
-            self.done_spec = Composite(agents=Composite(done=Categorical(2, (2, 1), dtype=torch.bool),
-                                                        terminated=Categorical(2, (2, 1), dtype=torch.bool),
-                                                        shape=(2,)))  # fmt: skip
-
-        def _reset(self, td: object) -> TensorDict:
-            raise AssertionError("not reached")
-
-        def _step(self, td: object) -> TensorDict:
-            raise AssertionError("not reached")
-
-        def _set_seed(self, seed: int | None) -> None:
-            pass
-
-    with pytest.raises(TypeError, match="multi-agent"):
-        TorchRLEnv(TwoAgents())
 
 
 def make_gym_pendulum() -> GymEnv:

@@ -55,6 +55,7 @@ class BackgroundMixin:
         # Created by start(): anyio events need the running event loop.
         self._resumed: Any = None
         self._progress: Any = None
+        self._finished: Any = None
 
     # hooks ----------------------------------------------------------------------------------
     def _in_flight(self) -> int:
@@ -96,13 +97,27 @@ class BackgroundMixin:
         if self._bg_running or self._bg_scope is not None:
             raise RuntimeError(f"this {name} was already started; start() it only once")
         self._bg_scope = anyio.CancelScope()
-        self._resumed, self._progress = anyio.Event(), anyio.Event()
+        self._resumed, self._progress, self._finished = anyio.Event(), anyio.Event(), anyio.Event()
         self._bg_running = True
         self._tg.start_soon(self._background)
 
     def is_running(self) -> bool:
         """Whether the background collection started by `start` is still going."""
         return self._bg_running
+
+    async def wait_finished(self) -> None:
+        """Wait until the background collection started by `start` has ended.
+
+        It ends when the frame budget is spent, when it fails, or at shutdown. Its error, if
+        any, is not raised here: ``sample()`` or `async_shutdown` raises it.
+
+        Raises:
+            RuntimeError: `start` was not called.
+        """
+        if self._finished is None:
+            name = type(self).__name__
+            raise RuntimeError(f"wait_finished() waits for background collection; call {name}.start() first")
+        await self._finished.wait()
 
     async def _background(self) -> None:
         assert self._bg_scope is not None
@@ -124,6 +139,7 @@ class BackgroundMixin:
             if self._exhausted():
                 self._writer_done()  # type: ignore[attr-defined]
             self._batch_done()
+            self._finished.set()
 
     @asynccontextmanager
     async def pause(self) -> AsyncIterator[None]:
@@ -136,7 +152,8 @@ class BackgroundMixin:
             RuntimeError: The collector is not running in the background.
         """
         if not self._bg_running:
-            raise RuntimeError(f"pause() only applies to a {type(self).__name__} running in the background; call start() first")
+            name = type(self).__name__
+            raise RuntimeError(f"pause() only applies to a {name} running in the background; call start() first")
         if self._paused:
             raise RuntimeError("this collector is already paused; pause() blocks do not nest")
         self._paused = True

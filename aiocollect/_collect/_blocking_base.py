@@ -142,6 +142,10 @@ class DataCollectorBase:
         """Whether background collection (`start`) is still going."""
         return bool(self._async.is_running())
 
+    def wait_finished(self) -> None:
+        """Block until background collection (`start`) has ended; see the async twin's method."""
+        self._portal.call(self._async.wait_finished)
+
     def async_shutdown(self, timeout: float | None = None) -> None:
         """Stop background collection and shut down (TorchRL's name for it).
 

@@ -19,6 +19,7 @@ from .._envs._base import AsyncBatchedEnv
 from .._rollout._config import make_env, validate_config
 from .._rollout._policy import PolicyAdapter
 from .._rollout._rollout import Rollout, TrajCounter
+from .._rollout._stream import barrier_free_rollout
 from ._lifecycle import CollectorLifecycle
 
 __all__ = ["Collector"]
@@ -155,6 +156,12 @@ class Collector(CollectorLifecycle):
         env = make_env(cfg)
         try:
             self._policy.bind(env.spec, counts_steps=cfg.max_frames_per_traj is not None)
+            if getattr(env, "min_ready", None) is not None:
+                self._rollout = barrier_free_rollout(env, self._policy, cfg, self._counter, self._generator,
+                                                     self._lane.stop)  # fmt: skip
+                self._env = env
+                self._apply_seeds()
+                return
             steps = math.ceil(cfg.frames_per_batch / max(1, env.spec.numel))
             self._rollout = Rollout(
                 env, self._policy, steps=steps, traj_counter=self._counter, generator=self._generator,
@@ -183,7 +190,10 @@ class Collector(CollectorLifecycle):
         timeout = self._cfg.shutdown_timeout
         with anyio.move_on_after(timeout):
             # Queued behind the call in progress (a step sees the stop flag at its next step).
-            if env is not None:
+            if isinstance(env, AsyncBatchedEnv):
+                await self._lane.run_final(lambda: None)  # the step in progress, if any, ends first
+                await env.aclose()  # its connections belong to this event loop
+            elif env is not None:
                 await self._lane.run_final(env.close)
             await self._lane.aclose()
             return
@@ -202,6 +212,12 @@ class Collector(CollectorLifecycle):
 
     def _policy_version(self) -> int:
         return self._policy.version
+
+    def _env_counts(self) -> dict[str, int]:
+        counters = getattr(self._rollout.env, "counters", None) if self._rollout is not None else None
+        if counters is None:  # an env without them (only an AsyncEnvPool turns failures into truncations)
+            return {}
+        return {"env_errors": counters.errors, "env_timeouts": counters.timeouts}
 
     async def _collect_one(self) -> TensorDictBase | None:
         await self._ensure_started()
@@ -274,7 +290,9 @@ class Collector(CollectorLifecycle):
         """Seed envs, random actions and torch's global RNG; effective from the next batch.
 
         Env seeds come from ``numpy.random.SeedSequence(seed)``, so envs get independent
-        streams. The envs are reset with their seeds at the start of the next batch.
+        streams; a TorchRL env is seeded with ``seed`` itself (``env.set_seed(seed)``, which
+        seeds its sub-envs in turn), as TorchRL's collector does. The envs are reset with
+        their seeds at the start of the next batch.
 
         Args:
             seed: A non-negative int.
@@ -282,7 +300,7 @@ class Collector(CollectorLifecycle):
         Returns:
             A new seed derived from ``seed``, to seed another collector independently.
         """
-        plan = SeedPlan(np.random.SeedSequence(check_seed(seed)))
+        plan = SeedPlan(np.random.SeedSequence(check_seed(seed)), given=seed)
         plan.apply_rngs(self._generator)
         self._seed_plan = plan
         self._apply_seeds()
@@ -290,7 +308,8 @@ class Collector(CollectorLifecycle):
 
     def _apply_seeds(self) -> None:
         if self._rollout is not None and self._seed_plan is not None:
-            self._rollout.request_reset(self._seed_plan.env_seeds(max(1, self._rollout.spec.numel)))
+            as_given = getattr(self._rollout.env, "_seeds_as_given", False)
+            self._rollout.request_reset(self._seed_plan.env_seeds(max(1, self._rollout.spec.numel), as_given))
             self._seed_plan = None
 
     def reset(self) -> None:

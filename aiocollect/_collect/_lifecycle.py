@@ -290,7 +290,12 @@ class CollectorLifecycle(BackgroundMixin, BatchPipeline):
             frames_per_second=self._frames / self._collect_time if self._collect_time else 0.0,
             policy_version=self._policy_version(),
             completed=self._exhausted(),
+            **self._env_counts(),
         )
+
+    def _env_counts(self) -> dict[str, int]:
+        """Env steps recorded as truncations instead of raised; collectors that own an env say."""
+        return {}
 
     def __len__(self) -> int:
         total = self._total_frames

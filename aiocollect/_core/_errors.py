@@ -10,6 +10,7 @@ __all__ = [
     "BufferEmptyError",
     "CollectorClosedError",
     "EnvOutputError",
+    "EnvTimeoutError",
     "PolicyOutputError",
     "WorkerCrashedError",
     "WorkerError",
@@ -46,6 +47,10 @@ class PolicyOutputError(AiocollectError, ValueError):
 
 class EnvOutputError(AiocollectError, ValueError):
     """Raised when an environment returns an entry whose shape differs from the one its spec promises."""
+
+
+class EnvTimeoutError(AiocollectError, TimeoutError):
+    """Raised when an async env's step runs past its pool's ``step_timeout`` (the env is named)."""
 
 
 class WorkerError(AiocollectError):

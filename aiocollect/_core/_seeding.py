@@ -22,15 +22,23 @@ class SeedPlan:
 
     Args:
         seq: The sequence this collector (or worker) owns.
+        given: The seed the user passed, for envs seeded with it as TorchRL does.
     """
 
-    def __init__(self, seq: np.random.SeedSequence) -> None:
+    def __init__(self, seq: np.random.SeedSequence, given: int | None = None) -> None:
+        self.given = given
         self.env_seq, action, torch_seq, self.next_seq = seq.spawn(4)
         self.action_seed = int(action.generate_state(1)[0])
         self.torch_seed = int(torch_seq.generate_state(1)[0])
 
-    def env_seeds(self, n: int) -> list[int]:
-        """One seed per env, from independent child sequences."""
+    def env_seeds(self, n: int, as_given: bool = False) -> list[int]:
+        """One seed per env, from independent child sequences.
+
+        With ``as_given`` (a TorchRL env, which seeds its sub-envs itself from one seed), every
+        env gets the user's seed unchanged, as ``torchrl``'s ``collector.set_seed`` gives it.
+        """
+        if as_given and self.given is not None:
+            return [self.given] * n
         return [int(s.generate_state(1)[0]) for s in self.env_seq.spawn(n)]
 
     def apply_rngs(self, generator: torch.Generator) -> None:

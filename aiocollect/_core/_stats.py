@@ -26,6 +26,10 @@ class CollectorStats:
         stalled_workers: Ids of workers that owe work but made no progress (no env step,
             no command handled) for 10 s, or for half of ``worker_timeout`` if that is
             shorter: they are stopped or hung, and ``worker_timeout`` will act on them.
+        env_errors: Env steps that raised and were recorded as truncations (an
+            `AsyncEnvPool` with ``on_error="reset"``; in-process collectors).
+        env_timeouts: Env steps that ran past ``step_timeout`` and were recorded as
+            truncations (``on_timeout="truncate"``; in-process collectors).
 
     Examples:
         >>> s = CollectorStats(frames=100, batches=1, total_frames=None, frames_per_second=1e3,
@@ -45,6 +49,8 @@ class CollectorStats:
     restarts: int = 0
     dropped_batches: int = 0
     stalled_workers: tuple[int, ...] = ()
+    env_errors: int = 0
+    env_timeouts: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """Return the record as a plain dict (for loggers)."""

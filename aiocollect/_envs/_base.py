@@ -35,7 +35,8 @@ class StepOut:
     fields are numpy views of the same memory: on the hot path a numpy write costs a fraction
     of a torch one. An adapter that fills everything returns ``next_obs`` and ``flags[:3]``.
     ``obs_np``, ``out_np`` and ``traj_np`` are the rollout's own numpy twins of ``obs``,
-    ``out`` and ``traj`` (adapters do not touch them).
+    ``out`` and ``traj`` (adapters do not touch them). ``next_extra`` holds the slices of the
+    spec's ``next_only`` entries, which the rollout copies from the step's observation dict.
     """
 
     obs: list[tuple[NestedKey, torch.Tensor]]
@@ -48,6 +49,7 @@ class StepOut:
     obs_np: list[tuple[NestedKey, Any]] = field(default_factory=list)
     out_np: dict[NestedKey, Any] = field(default_factory=dict)
     traj_np: Any = None
+    next_extra: list[tuple[NestedKey, torch.Tensor]] = field(default_factory=list)
 
 
 def output_shape_error(
@@ -246,3 +248,10 @@ class AsyncBatchedEnv(_EnvBase, ABC):
         from tensordict import TensorDict
 
         return self._unpack_step(await self.step(TensorDict(action, batch_size=self.spec.batch_size)))
+
+    async def aclose(self) -> None:
+        """Release the envs' resources on the event loop (sockets, streams); calls `close` by default.
+
+        The collector awaits it on its event loop, within ``shutdown_timeout``.
+        """
+        self.close()

@@ -133,6 +133,12 @@ class EnvSpec:
         batch_size: The env batch shape, ``()`` for a single env, ``(n,)`` for a vector of n.
         observation: Map from (possibly nested) observation key to its per-env spec.
         action: Map from action key (usually ``"action"``) to its per-env spec.
+        next_only: Entries a step returns but a reset does not (a multi-agent env's per-agent
+            rewards): recorded under ``"next"`` only, never shown to the policy. A step's
+            observation dict carries them beside the observations.
+        root_reward: Whether batches hold ``("next", "reward")``. An env whose rewards are
+            all ``next_only`` entries (one per agent group) has none at the root; the
+            collector's own done flags still aggregate the env's.
 
     Examples:
         >>> import torch
@@ -148,6 +154,8 @@ class EnvSpec:
     batch_size: torch.Size
     observation: dict[NestedKey, ArraySpec]
     action: dict[NestedKey, ArraySpec]
+    next_only: dict[NestedKey, ArraySpec] = field(default_factory=dict)
+    root_reward: bool = True
 
     @property
     def numel(self) -> int:

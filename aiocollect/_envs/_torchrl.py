@@ -65,14 +65,25 @@ def _leaves(composite: Any, nb: int) -> dict[NestedKey, ArraySpec]:
     return {k: _array_spec(k, composite[k], nb) for k in composite.keys(True, True)}
 
 
-def _single_key(keys: list[NestedKey], what: str, env: Any) -> NestedKey:
-    top = [k if isinstance(k, str) else k[0] for k in keys if isinstance(k, str) or len(k) == 1]
-    if len(top) == len(keys) == 1:
-        return top[0]
-    raise TypeError(
-        f"TorchRL env {type(env).__name__} has {what} keys {keys} (a multi-agent or nested layout); aiocollect "
-        f"collects envs with one root {what}: group the agents' {what}s into one root entry with a transform"
-    )
+def _tup(key: NestedKey) -> tuple[str, ...]:
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
+def _key(key: tuple[str, ...]) -> NestedKey:
+    return key[0] if len(key) == 1 else key
+
+
+#: Done entries at the root that the rollout's own flags carry (``("next", "done")``, ...).
+_ROOT_FLAGS = {("done",), ("terminated",), ("truncated",)}
+
+
+def _any_row(td: TensorDictBase, keys: list[NestedKey], batch: tuple[int, ...]) -> torch.Tensor:
+    """True for each env whose entries under ``keys`` hold any True (TorchRL's end of trajectory)."""
+    out = torch.zeros(batch, dtype=torch.bool)
+    for key in keys:
+        value = td.get(key)
+        out |= value.reshape(*batch, -1).any(-1) if value.dim() > len(batch) else value
+    return out
 
 
 class TorchRLEnv(BatchedEnv):
@@ -97,23 +108,37 @@ class TorchRLEnv(BatchedEnv):
     #: The rollout passes the policy's ("next", <observation key>) outputs with the action:
     #: TorchRL's ``step`` keeps them in "next" (a recurrent policy's next state).
     _takes_next = True
+    #: ``Collector.set_seed(s)`` seeds the env with ``s`` itself (TorchRL's semantics).
+    _seeds_as_given = True
 
     def __init__(self, env: Any) -> None:
         self.env = env
         self._nb = len(env.batch_size)
-        self._reward_key = _single_key(list(env.reward_keys), "reward", env)
-        done_keys = list(env.done_keys)
-        _single_key([k for k in done_keys if (k if isinstance(k, str) else k[-1]) == "done"], "done", env)
-        self._terminated_key = "terminated" if "terminated" in done_keys else "done"
-        self._renamed = self._reward_key != "reward" or self._terminated_key != "terminated"
+        self._batch = tuple(env.batch_size)
+        rewards = [_tup(k) for k in env.reward_keys]
+        dones = [_tup(k) for k in env.done_keys]
+        # A single agent's reward and done flags are the rollout's own ("next", "reward"), ...
+        # Anything else (per-agent or per-group entries of a multi-agent env, a reward under
+        # another name) is recorded as TorchRL records it: rewards under "next" only, done
+        # entries at the root and under "next" (TorchRL's step_mdp carries them over).
+        self._simple = set(dones) <= _ROOT_FLAGS and ("done",) in dones and rewards == [("reward",)]
+        rs, ds = env.full_reward_spec, env.full_done_spec
+        next_only = {_key(k): _array_spec(_key(k), rs[k], self._nb) for k in rewards if k != ("reward",)}
+        flag_obs = {_key(k): _array_spec(_key(k), ds[k], self._nb) for k in dones if k not in _ROOT_FLAGS}
+        self._reward_keys = [_key(k) for k in rewards]
+        self._trunc_keys = [_key(k) for k in dones if k[-1] == "truncated"]
+        self._term_keys = [_key(k) for k in dones if k[-1] != "truncated"]
+        self._terminated_key = "terminated" if ("terminated",) in dones else "done"
         self._reset_keys = list(env.reset_keys)
-        self._done_shape = tuple(env.full_done_spec["done"].shape)
+        # The done entries at each reset key's level: what TorchRL's "_reset" there follows.
+        self._level_dones = {r: [_key(d) for d in dones if d[:-1] == _tup(r)[:-1]] for r in self._reset_keys}
         action = _leaves(env.full_action_spec, self._nb)
         # State-spec entries (a recurrent policy's state from a TensorDictPrimer) are read and
         # recorded like observations: TorchRL's collector keeps them at the root and in "next".
         state = {k: v for k, v in _leaves(env.full_state_spec, self._nb).items() if k not in action}
-        self.spec = EnvSpec(env.batch_size, observation={**state, **_leaves(env.observation_spec, self._nb)},
-                            action=action)  # fmt: skip
+        observation = {**state, **_leaves(env.observation_spec, self._nb), **flag_obs}
+        self.spec = EnvSpec(env.batch_size, observation=observation, action=action, next_only=next_only,
+                            root_reward=("reward",) in rewards)  # fmt: skip
         self._root: TensorDictBase | None = None  # what TorchRL's collector calls its shuttle
 
     def set_seed(self, seed: int) -> int:
@@ -132,13 +157,30 @@ class TorchRLEnv(BatchedEnv):
                 root = self.env.reset()
             else:
                 td = root.copy()  # shallow: env.reset writes the reset rows into a new root
-                flag = mask.reshape(*mask.shape, *([1] * (len(self._done_shape) - self._nb)))
                 for key in self._reset_keys:
-                    td.set(key, flag.expand(self._done_shape).clone())
+                    td.set(key, self._reset_flag(root, key, mask))
                 root = self.env.reset(td)
                 root.exclude(*self._reset_keys, inplace=True)
         self._root = root
         return root
+
+    def _reset_flag(self, root: TensorDictBase, key: NestedKey, mask: torch.Tensor) -> torch.Tensor:
+        """TorchRL's ``"_reset"`` at ``key``'s level for the envs in ``mask``.
+
+        An env that ended because some of its done entries say so resets the levels (agent
+        groups) that are done, as under TorchRL's collector; an env the collector ends itself
+        (``max_frames_per_traj``, a full reset) resets at every level.
+        """
+        level = self._level_dones[key]
+        done = root.get(level[0])
+        for k in level[1:]:
+            done = done | root.get(k)
+        row = mask.reshape(*mask.shape, *([1] * (done.dim() - self._nb)))
+        if self._simple:
+            return row.expand(done.shape).clone()
+        ended_by_env = _any_row(root, self._term_keys + self._trunc_keys, self._batch)
+        by_collector = (~ended_by_env).reshape(row.shape)
+        return (row & (done | by_collector)).expand(done.shape).clone()
 
     def reset(self, mask: torch.Tensor | None = None, seeds: Sequence[int] | None = None) -> TensorDictBase:
         """Reset the rows selected by ``mask`` (TorchRL's ``"_reset"``); see `BatchedEnv.reset`.
@@ -162,7 +204,7 @@ class TorchRLEnv(BatchedEnv):
             td.set(key, value)
         nxt = self.env.step(td).get("next")
         # TorchRL's step_mdp: the next root is "next" without the reward.
-        self._root = nxt.exclude(self._reward_key)
+        self._root = nxt.exclude(*self._reward_keys)
         return nxt
 
     def _reset_arrays(self, mask: Any, seeds: Sequence[int] | None) -> dict[NestedKey, torch.Tensor]:
@@ -170,9 +212,16 @@ class TorchRLEnv(BatchedEnv):
 
     def _step_arrays(self, action: dict[NestedKey, torch.Tensor], out: StepOut | None = None) -> StepArrays:
         nxt = self._step_with(action.items())
-        if self._renamed:  # a reward or termination flag under another name: read it as aiocollect's
-            nxt = nxt.copy().set("reward", nxt.get(self._reward_key)).set("terminated", nxt.get(self._terminated_key))
-        return self._unpack_step(nxt)
+        if self._simple:
+            if self._terminated_key != "terminated":  # only "done": read it as aiocollect's termination
+                nxt = nxt.copy().set("terminated", nxt.get(self._terminated_key))
+            return self._unpack_step(nxt)
+        obs = {k: nxt.get(k) for k in self.spec.observation}
+        obs.update((k, nxt.get(k)) for k in self.spec.next_only)
+        reward = nxt.get("reward").reshape(self._batch) if self.spec.root_reward else torch.zeros(self._batch)
+        trunc = _any_row(nxt, self._trunc_keys, self._batch)
+        term = _any_row(nxt, self._term_keys, self._batch)
+        return obs, reward.to(torch.float32), term, trunc
 
     def close(self) -> None:
         """Close the TorchRL env (a ``ParallelEnv`` stops its workers)."""

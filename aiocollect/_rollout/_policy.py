@@ -122,6 +122,7 @@ class PolicyAdapter:
                 "rename them in the env (e.g. with a gymnasium ObservationWrapper)"
             )
         self.spec = spec
+        self._nb = len(spec.batch_size)
         self.obs_keys = list(spec.observation)
         self.action_keys = list(spec.action)
         if self._call == self._call_tensors and self.device is None and len(self.obs_keys) == len(self.action_keys) == 1:
@@ -154,7 +155,9 @@ class PolicyAdapter:
         return dict(zip(self.action_keys, out, strict=True))
 
     def _call_tensordict(self, obs: Outputs) -> Outputs:
-        td = self._td_class({k: self._to_policy(v) for k, v in obs.items()}, batch_size=self.spec.batch_size)
+        # The env batch, or the envs a barrier-free step serves: the observations' leading dims.
+        batch = next(iter(obs.values())).shape[: self._nb] if obs else self.spec.batch_size
+        td = self._td_class({k: self._to_policy(v) for k, v in obs.items()}, batch_size=batch)
         with self._set_interaction(self._interaction):
             result = self.policy(td)
         result = td if result is None else result
@@ -174,8 +177,11 @@ class PolicyAdapter:
                     return self._call(obs)  # type: ignore[misc]
             return self._call(obs)  # type: ignore[misc]
 
-    def check(self, out: Outputs) -> None:
-        """Validate the first output against the action spec (raises ``PolicyOutputError``)."""
+    def check(self, out: Outputs, batch: tuple[int, ...] | None = None) -> None:
+        """Validate the first output against the action spec (raises ``PolicyOutputError``).
+
+        ``batch``: the leading dims the output has (default: the env's batch size).
+        """
         from .._core._errors import PolicyOutputError
 
         for key, spec in self.spec.action.items():
@@ -184,7 +190,7 @@ class PolicyAdapter:
                     f"policy output must contain the action key {key!r}, got keys {sorted(map(str, out))}; "
                     f"write the action under {key!r}"
                 )
-            spec.check(key, out[key], tuple(self.spec.batch_size))
+            spec.check(key, out[key], tuple(self.spec.batch_size) if batch is None else batch)
 
     def update_weights(self, weights: Any = None) -> None:
         """Load ``weights`` (module, state dict or TensorDict) or refresh the device copy; bump the version."""

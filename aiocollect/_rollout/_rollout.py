@@ -200,7 +200,7 @@ class Rollout:
                 v = first[k]
                 specs[k] = ArraySpec(tuple(v.shape[self.nb :]), v.dtype)
         buf = {k: s.zeros((T, *B)) for k, s in specs.items()}
-        for k, s in self.spec.observation.items():
+        for k, s in (*self.spec.observation.items(), *self.spec.next_only.items()):
             buf[_nxt(k)] = s.zeros((T, *B))
         for k, dtype in (("reward", torch.float32), ("done", torch.bool), ("terminated", torch.bool), ("truncated", torch.bool)):
             buf[("next", k)] = torch.zeros((T, *B, 1), dtype=dtype)
@@ -242,6 +242,7 @@ class Rollout:
             obs_np=[(k, buf_np[k][t, ...]) for k in obs_keys if k in buf_np],
             out_np={k: buf_np[k][t, ...] for k in out_keys if k in buf_np},
             traj_np=buf_np[traj][t, ...] if traj in buf_np else None,
+            next_extra=[(k, buf[_nxt(k)][t]) for k in self.spec.next_only],
         )
 
     def views(self, t: int) -> StepOut:
@@ -319,7 +320,7 @@ class Rollout:
         obs, reward, term, trunc = step
         buf, flat = self.buf, self.flat
         assert buf is not None
-        for k, v in obs.items():
+        for k, v in obs.items():  # the observations and the spec's next_only entries
             buf[_nxt(k)][t].copy_(v)
         flat["reward"][t].copy_(reward)
         if self.max_steps:
@@ -350,6 +351,8 @@ class Rollout:
         for k, dst in views.next_obs.items():
             if obs[k] is not dst:  # adapters that honour ``out`` already wrote it here
                 dst.copy_(obs[k])
+        for k, dst in views.next_extra:
+            dst.copy_(obs[k])
         rew, term_dst, trunc_dst, done = views.flags
         if reward is not rew:
             rew.copy_(reward)
@@ -363,11 +366,18 @@ class Rollout:
             return None
         return done_np if self.env._numpy_masks else done
 
+    def _kept(self) -> list[tuple[Any, torch.Tensor]]:
+        """The storage entries batches hold: all but a root reward the env does not have."""
+        assert self.buf is not None
+        if self.spec.root_reward:
+            return list(self.buf.items())
+        return [(k, v) for k, v in self.buf.items() if k != ("next", "reward")]
+
     def output_layout(self) -> list[tuple[Any, tuple[int, ...], torch.dtype]]:
         """Keys, shapes and dtypes of the batches `collect` produces (buffers must exist, see `prepare`)."""
         assert self.buf is not None
         shape = (*self.B, self.T)
-        layout = [(k, (*shape, *v.shape[1 + self.nb :]), v.dtype) for k, v in self.buf.items()]
+        layout = [(k, (*shape, *v.shape[1 + self.nb :]), v.dtype) for k, v in self._kept()]
         layout += [(k, (*shape, 1), torch.bool) for k in ("done", "terminated", "truncated")]
         layout += [(("collector", "policy_version"), shape, torch.int64), (("collector", "worker_id"), shape, torch.int64)]
         return layout
@@ -378,9 +388,8 @@ class Rollout:
         ``steps < T`` (a preempted batch) zeroes the missing steps and marks them with
         trajectory id and policy version ``-1``, as TorchRL does.
         """
-        buf = self.buf
-        assert buf is not None
-        for k, v in buf.items():
+        assert self.buf is not None
+        for k, v in self._kept():
             out[k].copy_(v.movedim(0, self.nb))
         for k in ("done", "terminated", "truncated"):
             out[k].zero_()

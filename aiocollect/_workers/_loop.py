@@ -84,6 +84,8 @@ class _Worker:
         import torch
 
         from .._core._seeding import TrajCounter
+        from .._envs._base import AsyncBatchedEnv
+        from .._envs._own_loop import OwnLoopEnv
         from .._rollout._config import make_env
         from .._rollout._policy import PolicyAdapter
         from .._rollout._rollout import Rollout
@@ -91,6 +93,14 @@ class _Worker:
         spec, c = self.spec, self.spec.collector
         self.channel.setup(spec)
         env = make_env(c)
+        if isinstance(env, AsyncBatchedEnv):  # coroutine envs: on an event loop of this worker's own
+            if getattr(env, "min_ready", None) is not None:
+                env.close()
+                raise ValueError(
+                    "a barrier-free AsyncEnvPool (min_ready=) runs in the in-process Collector; worker "
+                    "processes step their pools lock-step: drop min_ready, or collect with Collector"
+                )
+            env = OwnLoopEnv(env)
         try:
             policy = spec.policy if spec.policy_factory is None else spec.policy_factory()
             adapter = PolicyAdapter(policy, policy_device=c.policy_device, exploration_type=c.exploration_type)

@@ -1,0 +1,255 @@
+"""Coroutine envs: aiocollect's AsyncEnvPool beside a bare asyncio loop, a thread pool and gymnasium.
+
+Workload: single envs whose step waits ``delay`` seconds (a remote simulator, a web API),
+then returns a 1-float observation; a random policy (``policy=None``); lock-step batches.
+Rows, for each (number of envs, delay) case:
+
+* ``aiocollect <loop>``: ``Collector(lambda: AsyncEnvPool([...]))`` under asyncio, uvloop and
+  trio, ``frames_per_batch`` = 16 steps of every env; frames/s over the batches after the first;
+* ``bare asyncio loop``: a hand-written loop (``asyncio.gather`` of every env's step, random
+  actions, results written into a preallocated array), the floor any collector adds to;
+* ``thread pool``: the same env with a blocking ``time.sleep``, one thread per env stepping
+  it (``ThreadPoolExecutor.map`` per batch step);
+* ``gymnasium AsyncVectorEnv``: that blocking env in subprocesses, ``step_async``/``step_wait``
+  (64 envs only: 1,024 processes do not fit this machine).
+
+A last case gives 256 envs a heavy-tailed latency (lognormal, median 20 ms, p99 500 ms) and
+compares lock-step batches with barrier-free ones (``AsyncEnvPool(min_ready=k)``), under uvloop.
+
+``overhead`` is what a row adds per env-step beyond the wait itself:
+``(1 / frames_per_s - delay / n) * n`` in microseconds, i.e. the wall time of one batch step
+minus the wait, divided by the envs. The ``limit`` column is ``n / delay`` (no overhead).
+
+    PYTHONPATH=. python benchmarks/bench_async_envs.py              # about 2 minutes on 2 cores
+    PYTHONPATH=. python benchmarks/bench_async_envs.py --quick      # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import anyio
+import numpy as np
+from gymnasium import Env, spaces
+
+
+class Waiting:
+    """A coroutine env: ``step`` awaits ``delay`` seconds (``anyio.sleep``)."""
+
+    observation_space = spaces.Box(-np.inf, np.inf, (1,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, delay: float) -> None:
+        self.delay, self.t = delay, 0
+
+    async def reset(self, *, seed: int | None = None) -> tuple[Any, dict]:
+        self.t = 0
+        return np.zeros(1, np.float32), {}
+
+    async def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+        await anyio.sleep(self.delay)
+        self.t += 1
+        return np.array([self.t], np.float32), 1.0, self.t >= 1000, False, {}
+
+
+class HeavyTailed(Waiting):
+    """Lognormal step latency: median 20 ms, p99 500 ms (sigma = ln(25) / 2.326)."""
+
+    SIGMA = float(np.log(25.0) / 2.3263)
+
+    def __init__(self, seed: int) -> None:
+        super().__init__(0.0)
+        self.rng = np.random.default_rng(seed)
+
+    async def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+        await anyio.sleep(float(0.020 * np.exp(self.SIGMA * self.rng.standard_normal())))
+        self.t += 1
+        return np.array([self.t], np.float32), 1.0, self.t >= 1000, False, {}
+
+
+def run_heavy_tailed(n: int, frames: int, batches: int, min_ready: int | None, options: dict) -> float:
+    from aiocollect import AsyncEnvPool, Collector
+
+    async def main() -> float:
+        pool = lambda: AsyncEnvPool([HeavyTailed(i) for i in range(n)], min_ready=min_ready)  # noqa: E731
+        async with Collector(pool, frames_per_batch=frames, total_frames=frames * (batches + 1)) as c:
+            start, got = 0.0, 0
+            async for b in c:
+                if start == 0.0:
+                    start = time.perf_counter()
+                    continue
+                got += b.numel()
+            return got / (time.perf_counter() - start)
+
+    return anyio.run(main, backend="asyncio", backend_options=options)
+
+
+class Blocking(Env):
+    """The same env for threads and subprocesses: ``step`` sleeps ``delay`` seconds."""
+
+    observation_space = spaces.Box(-np.inf, np.inf, (1,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay, self.t = delay, 0
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[Any, dict]:
+        self.t = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+        if self.delay:
+            time.sleep(self.delay)
+        self.t += 1
+        return np.array([self.t], np.float32), 1.0, self.t >= 1000, False, {}
+
+
+def run_aiocollect(n: int, delay: float, steps: int, batches: int, backend: str, options: dict) -> float:
+    from aiocollect import AsyncEnvPool, Collector
+
+    async def main() -> float:
+        pool = lambda: AsyncEnvPool([Waiting(delay) for _ in range(n)])  # noqa: E731
+        async with Collector(pool, frames_per_batch=n * steps, total_frames=n * steps * (batches + 1)) as c:
+            start, frames = 0.0, 0
+            async for b in c:
+                if start == 0.0:
+                    start = time.perf_counter()  # the first batch pays for start-up
+                    continue
+                frames += b.numel()
+            return frames / (time.perf_counter() - start)
+
+    return anyio.run(main, backend=backend, backend_options=options)
+
+
+def heartbeat_p99(n: int, delay: float, steps: int, batches: int, options: dict) -> tuple[float, float]:
+    """(frames/s, p99 gap in ms) of a 1 ms heartbeat task on the loop that collects ``n`` envs."""
+    from aiocollect import AsyncEnvPool, Collector
+
+    async def main() -> tuple[float, float]:
+        gaps: list[float] = []
+        done = anyio.Event()
+
+        async def heartbeat() -> None:
+            last = time.perf_counter()
+            while not done.is_set():
+                await anyio.sleep(0.001)
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+
+        pool = lambda: AsyncEnvPool([Waiting(delay) for _ in range(n)])  # noqa: E731
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(heartbeat)
+            start = time.perf_counter()
+            async with Collector(pool, frames_per_batch=n * steps, total_frames=n * steps * batches) as c:
+                frames = sum([b.numel() async for b in c])
+            done.set()
+        gaps.sort()
+        return frames / (time.perf_counter() - start), gaps[int(len(gaps) * 0.99)] * 1e3
+
+    return anyio.run(main, backend="asyncio", backend_options=options)
+
+
+def run_bare(n: int, delay: float, steps: int, batches: int) -> float:
+    async def main() -> float:
+        envs = [Waiting(delay) for _ in range(n)]
+        obs = np.zeros((n, 1), np.float32)
+        rng = np.random.default_rng(0)
+        for i, e in enumerate(envs):
+            obs[i] = (await e.reset())[0]
+        start = time.perf_counter()
+        for _ in range(steps * batches):
+            actions = rng.integers(0, 2, n).tolist()
+            results = await asyncio.gather(*(e.step(a) for e, a in zip(envs, actions, strict=True)))
+            for i, r in enumerate(results):
+                obs[i] = r[0]
+        return n * steps * batches / (time.perf_counter() - start)
+
+    return asyncio.run(main())
+
+
+def run_threads(n: int, delay: float, steps: int, batches: int) -> float:
+    envs = [Blocking(delay) for _ in range(n)]
+    rng = np.random.default_rng(0)
+    obs = np.zeros((n, 1), np.float32)
+    with ThreadPoolExecutor(n) as pool:
+        list(pool.map(lambda e: e.reset(), envs))
+        start = time.perf_counter()
+        for _ in range(steps * batches):
+            actions = rng.integers(0, 2, n).tolist()
+            for i, r in enumerate(pool.map(lambda ea: ea[0].step(ea[1]), zip(envs, actions, strict=True))):
+                obs[i] = r[0]
+        return n * steps * batches / (time.perf_counter() - start)
+
+
+def run_gym_async(n: int, delay: float, steps: int, batches: int) -> float:
+    from functools import partial
+
+    from gymnasium.vector import AsyncVectorEnv
+
+    env = AsyncVectorEnv([partial(Blocking, delay)] * n, context="forkserver")
+    try:
+        env.reset(seed=0)
+        rng = np.random.default_rng(0)
+        start = time.perf_counter()
+        for _ in range(steps * batches):
+            env.step_async(rng.integers(0, 2, n))
+            env.step_wait()
+        return n * steps * batches / (time.perf_counter() - start)
+    finally:
+        env.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run: fewer batches, 64 envs only")
+    parser.add_argument("--json", help="also write the rows to this file")
+    args = parser.parse_args()
+    cases = [(64, 0.0), (64, 0.01)] if args.quick else [(64, 0.0), (64, 0.01), (1024, 0.0), (1024, 0.01)]
+    batches = 2 if args.quick else 6
+    steps = 16
+    uvloop = {"use_uvloop": True}
+    rows: list[dict[str, Any]] = []
+    for n, delay in cases:
+        limit = n / delay if delay else float("inf")
+        print(f"\n{n} envs, step wait {delay * 1e3:g} ms (limit {limit:,.0f} frames/s)")
+        bare = run_bare(n, delay, steps, batches)
+        runs: dict[str, float] = {
+            "aiocollect asyncio": run_aiocollect(n, delay, steps, batches, "asyncio", {}),
+            "aiocollect uvloop": run_aiocollect(n, delay, steps, batches, "asyncio", uvloop),
+            "aiocollect trio": run_aiocollect(n, delay, steps, batches, "trio", {}),
+            "bare asyncio loop": bare,
+            "thread pool": run_threads(n, delay, steps, batches),
+        }
+        if n <= 64:
+            runs["gymnasium AsyncVectorEnv"] = run_gym_async(n, delay, steps, batches)
+        print(f"  {'row':28s} {'frames/s':>10s} {'overhead us/env-step':>21s} {'vs bare':>8s}")
+        for name, fps in runs.items():
+            overhead = (1 / fps - delay / n) * n * 1e6
+            print(f"  {name:28s} {fps:10,.0f} {overhead:21.1f} {fps / bare:8.2f}x")
+            rows.append({"envs": n, "delay": delay, "row": name, "fps": fps, "overhead_us": overhead})
+    fps, p99 = heartbeat_p99(1024, 0.01, steps, batches, uvloop)
+    print(f"\n1024 envs, step wait 10 ms, uvloop: {fps:,.0f} frames/s, heartbeat p99 gap {p99:.1f} ms (1 ms sleeps)")
+    rows.append({"envs": 1024, "delay": 0.01, "row": "heartbeat p99 ms", "fps": fps, "p99_ms": p99})
+    n = 256
+    frames, hb = (n * 8, 2) if args.quick else (n * 16, 4)
+    print(f"\n{n} envs, heavy-tailed step latency (lognormal, median 20 ms, p99 500 ms), uvloop")
+    lock = run_heavy_tailed(n, frames, hb, None, uvloop)
+    free = {k: run_heavy_tailed(n, frames, hb, k, uvloop) for k in (1, 16, 64)}
+    print(f"  {'lock-step':28s} {lock:10,.0f} frames/s")
+    rows.append({"envs": n, "delay": "lognormal", "row": "lock-step", "fps": lock})
+    for k, fps in free.items():
+        print(f"  {f'barrier-free min_ready={k}':28s} {fps:10,.0f} frames/s {fps / lock:8.2f}x lock-step")
+        rows.append({"envs": n, "delay": "lognormal", "row": f"barrier-free min_ready={k}", "fps": fps})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,252 @@
+"""AsyncEnvPool at scale: failures named or turned into truncations, timeouts, bounded concurrency.
+
+Every test runs under asyncio, asyncio with uvloop and trio (the pool's fast path is
+asyncio's; trio takes the generic one).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+
+from aiocollect import AsyncEnvPool, Collector, EnvTimeoutError, MultiSyncDataCollector
+from aiocollect.testing import SleepyAsyncEnv
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Scripted:
+    """Counts its steps; misbehaves once, at step ``at``: raises, or hangs until cancelled."""
+
+    observation_space = spaces.Box(-np.inf, np.inf, (1,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, at: int | None = None, how: str = "raise", episode_length: int = 50) -> None:
+        self.at, self.how, self.episode_length = at, how, episode_length
+        self.t = self.steps = 0
+
+    async def reset(self, *, seed: int | None = None) -> tuple[Any, dict]:
+        self.t = 0
+        return np.zeros(1, np.float32), {}
+
+    async def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+        self.steps += 1
+        await anyio.lowlevel.checkpoint()
+        if self.steps == self.at:
+            if self.how == "raise":
+                raise ValueError(f"simulator lost at step {self.steps}")
+            await anyio.sleep_forever()
+        self.t += 1
+        return np.array([self.t], np.float32), 1.0, self.t >= self.episode_length, False, {}
+
+
+@pytest.mark.anyio
+@pytest.mark.all_backends
+async def collect(pool: Any, frames: int) -> tuple[list[Any], Any]:
+    async with Collector(lambda: pool, frames_per_batch=frames, total_frames=frames) as c:
+        batches = [b async for b in c]
+        return batches, c.stats()
+
+
+@pytest.mark.anyio
+@pytest.mark.all_backends
+async def test_a_failing_env_is_raised_as_itself_naming_the_env() -> None:
+    pool = AsyncEnvPool([Scripted(at=3 if i == 5 else None) for i in range(8)])
+    note = r"\nraised by AsyncEnvPool env 5 in step\(\)$"  # pytest matches the notes too
+    with anyio.fail_after(20), pytest.raises(ValueError, match=r"^simulator lost at step 3" + note) as info:
+        await collect(pool, 80)
+    assert info.value.__notes__ == ["raised by AsyncEnvPool env 5 in step()"]
+
+
+@pytest.mark.anyio
+@pytest.mark.all_backends
+async def test_on_error_reset_records_a_truncation_resets_the_env_and_counts_it() -> None:
+    pool = AsyncEnvPool([Scripted(at=3 if i == 1 else None) for i in range(4)], on_error="reset")
+    with anyio.fail_after(20):
+        (batch,), stats = await collect(pool, 24)
+    row = batch[1]
+    # Steps 1 and 2 ran; step 3 failed: recorded as a truncation that keeps the last observation.
+    assert row["next", "observation"][:4, 0].tolist() == [1.0, 2.0, 2.0, 1.0]
+    assert row["next", "truncated"][:, 0].tolist() == [False, False, True, False, False, False]
+    assert row["next", "reward"][:3, 0].tolist() == [1.0, 1.0, 0.0]
+    assert row["observation"][3, 0].item() == 0.0  # the env was reset
+    ids = row["collector", "traj_ids"]
+    assert ids[2] == ids[0] and ids[3] != ids[2]
+    assert not batch[[0, 2, 3]]["next", "truncated"].any()
+    assert (stats.env_errors, stats.env_timeouts) == (1, 0)
+    assert pool.counters.errors == 1
+
+
+@pytest.mark.anyio
+@pytest.mark.all_backends
+async def test_a_step_past_step_timeout_is_an_error_naming_the_env() -> None:
+    pool = AsyncEnvPool([Scripted(at=2 if i == 3 else None, how="hang") for i in range(4)], step_timeout=0.2)
+    with anyio.fail_after(20), pytest.raises(EnvTimeoutError, match=r"^AsyncEnvPool env 3 \(Scripted\) did not finish"):
+        await collect(pool, 40)
+
+
+@pytest.mark.anyio
+@pytest.mark.all_backends
+async def test_on_timeout_truncate_ends_only_that_envs_episode() -> None:
+    pool = AsyncEnvPool([Scripted(at=2 if i == 0 else None, how="hang") for i in range(3)], step_timeout=0.2,
+                        on_timeout="truncate")  # fmt: skip
+    with anyio.fail_after(20):
+        (batch,), stats = await collect(pool, 12)
+    assert batch[0]["next", "truncated"][:, 0].tolist() == [False, True, False, False]
+    assert batch[0]["next", "observation"][:3, 0].tolist() == [1.0, 1.0, 1.0]
+    assert (stats.env_errors, stats.env_timeouts) == (0, 1)
+    assert batch[1]["next", "observation"][:, 0].tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+class Counted(SleepyAsyncEnv):
+    """Records how many of its siblings' steps are in flight at once."""
+
+    def __init__(self, shared: dict[str, int]) -> None:
+        super().__init__(delay=0.002)
+        self.shared = shared
+
+    async def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+        self.shared["now"] += 1
+        self.shared["peak"] = max(self.shared["peak"], self.shared["now"])
+        try:
+            return await super().step(action)
+        finally:
+            self.shared["now"] -= 1
+
+
+@pytest.mark.anyio
+@pytest.mark.all_backends
+@pytest.mark.parametrize("limit", [1, 4, None])
+async def test_max_concurrency_bounds_steps_in_flight(limit: int | None) -> None:
+    shared = {"now": 0, "peak": 0}
+    pool = AsyncEnvPool([Counted(shared) for _ in range(16)], max_concurrency=limit)
+    with anyio.fail_after(20):
+        (batch,), _ = await collect(pool, 64)
+    assert shared["peak"] == (16 if limit is None else limit)
+    assert batch["next", "observation"][:, -1, 0].tolist() == [4.0] * 16  # every step taken
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_concurrency": 0}, r"^max_concurrency must be"),
+        ({"step_timeout": 0}, r"^step_timeout must be a positive number of seconds or None, got 0$"),
+        ({"on_timeout": "skip"}, r"^on_timeout must be 'error' or 'truncate', got 'skip'$"),
+        ({"on_error": "ignore"}, r"^on_error must be 'raise' or 'reset', got 'ignore'$"),
+    ],
+)
+def test_bad_pool_arguments_fail_at_once(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        AsyncEnvPool([SleepyAsyncEnv()], **kwargs)
+
+
+def pool_of_sleepy() -> AsyncEnvPool:
+    return AsyncEnvPool([SleepyAsyncEnv(delay=0.001, episode_length=5) for _ in range(8)])
+
+
+@pytest.mark.timeout(120)
+def test_coroutine_envs_in_worker_processes_run_on_each_workers_loop() -> None:
+    collector = MultiSyncDataCollector([pool_of_sleepy, pool_of_sleepy], None, frames_per_batch=160, total_frames=480)
+    try:
+        batches = [b.clone() for b in collector]
+    finally:
+        collector.shutdown()
+    assert [b.shape for b in batches] == [torch.Size([2, 8, 10])] * 3  # [workers, envs, steps]
+    for b in batches:
+        nxt, obs = b["next", "observation"][..., 0], b["observation"][..., 0]
+        done = b["next", "done"][..., 0]
+        assert torch.equal(nxt, obs + 1)  # real transitions, every env
+        assert torch.equal(done, nxt == 5)
+        assert sorted(b["collector", "worker_id"].unique().tolist()) == [0, 1]
+
+
+class Lagging(SleepyAsyncEnv):
+    """Env 0 of a pool is slow (``slow`` s per step), the others fast."""
+
+    def __init__(self, delay: float, episode_length: int = 1000) -> None:
+        super().__init__(delay=delay, episode_length=episode_length)
+
+
+def lagging_pool(slow: float = 0.3, n: int = 8, **kwargs: Any) -> AsyncEnvPool:
+    return AsyncEnvPool([Lagging(slow if i == 0 else 0.001) for i in range(n)], **kwargs)
+
+
+@pytest.mark.anyio
+@pytest.mark.all_backends
+async def test_barrier_free_batches_are_flat_grouped_by_env_with_exact_trajectories() -> None:
+    pool = AsyncEnvPool([SleepyAsyncEnv(delay=0.001 * (i + 1), episode_length=4) for i in range(6)], min_ready=2)
+    with anyio.fail_after(20):
+        batches, _ = await collect_n(pool, 60, 3)
+    for b in batches:
+        assert b.shape == (60,)
+        env_id = b["collector", "env_id"]
+        assert torch.equal(env_id, env_id.sort().values)  # grouped by env
+        for i in env_id.unique().tolist():
+            rows = b[env_id == i]
+            obs, nxt = rows["observation"][:, 0], rows["next", "observation"][:, 0]
+            done, traj = rows["next", "done"][:, 0], rows["collector", "traj_ids"]
+            assert torch.equal(nxt, obs + 1)  # real transitions
+            assert torch.equal(done, nxt == 4)
+            # In time order: each frame starts where the previous ended, or at 0 after a reset.
+            assert torch.equal(obs[1:], torch.where(done[:-1], torch.zeros_like(obs[1:]), nxt[:-1]))
+            assert torch.equal(traj[1:] != traj[:-1], done[:-1])  # a new trajectory exactly after each end
+    traj_sets = [set(b["collector", "traj_ids"].tolist()) for b in batches]
+    assert traj_sets[0] & traj_sets[1]  # trajectories go on across batches
+
+
+async def collect_n(pool: Any, frames: int, n_batches: int, **kwargs: Any) -> tuple[list[Any], Any]:
+    async with Collector(lambda: pool, frames_per_batch=frames, total_frames=frames * n_batches, **kwargs) as c:
+        batches = [b async for b in c]
+        return batches, c.stats()
+
+
+@pytest.mark.anyio
+async def test_barrier_free_envs_do_not_wait_for_the_slowest() -> None:
+    with anyio.fail_after(20):
+        (b,), _ = await collect_n(lagging_pool(min_ready=1), 200, 1)
+    counts = torch.bincount(b["collector", "env_id"], minlength=8).tolist()
+    assert counts[0] <= 2 and min(counts[1:]) >= 20, counts  # lock-step would give 25 each
+
+
+@pytest.mark.anyio
+async def test_max_wait_lets_the_ready_envs_go_on_without_min_ready() -> None:
+    with anyio.fail_after(30):
+        (gated,), _ = await collect_n(lagging_pool(slow=0.05, min_ready=8), 80, 1)
+        (waited,), _ = await collect_n(lagging_pool(slow=0.05, min_ready=8, max_wait=0.005), 80, 1)
+    gated_counts = torch.bincount(gated["collector", "env_id"], minlength=8).tolist()
+    waited_counts = torch.bincount(waited["collector", "env_id"], minlength=8).tolist()
+    assert max(gated_counts) - min(gated_counts) <= 1, gated_counts  # every policy call waits for all 8
+    assert waited_counts[0] <= 3 and min(waited_counts[1:]) >= 10, waited_counts
+
+
+@pytest.mark.anyio
+async def test_split_trajs_cuts_barrier_free_batches_into_ordered_trajectories() -> None:
+    pool = AsyncEnvPool([SleepyAsyncEnv(delay=0.001 * (i % 3 + 1), episode_length=5) for i in range(4)], min_ready=1)
+    with anyio.fail_after(20):
+        (b,), _ = await collect_n(pool, 64, 1, split_trajs=True)
+    mask = b["collector", "mask"]
+    for row in range(b.shape[0]):
+        obs = b["observation"][row, :, 0][mask[row]]
+        assert torch.equal(obs, torch.arange(len(obs), dtype=obs.dtype) + obs[0])  # consecutive steps
+        assert b["collector", "traj_ids"][row][mask[row]].unique().numel() == 1
+
+
+def test_barrier_free_pool_arguments_and_options_are_checked() -> None:
+    with pytest.raises(ValueError, match=r"^min_ready must be at most the number of envs \(2\), got 3$"):
+        AsyncEnvPool([SleepyAsyncEnv(), SleepyAsyncEnv()], min_ready=3)
+    with pytest.raises(ValueError, match=r"^max_wait only applies to barrier-free pools; pass min_ready= too$"):
+        AsyncEnvPool([SleepyAsyncEnv()], max_wait=0.1)
+
+    async def main() -> None:
+        async with Collector(lambda: lagging_pool(min_ready=1), frames_per_batch=8, max_frames_per_traj=5) as c:
+            async for _ in c:
+                pass
+
+    with pytest.raises(ValueError, match=r"^max_frames_per_traj=5 is not supported with a barrier-free AsyncEnvPool"):
+        anyio.run(main)
