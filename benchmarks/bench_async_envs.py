@@ -5,7 +5,10 @@ then returns a 1-float observation; a random policy (``policy=None``); lock-step
 Rows, for each (number of envs, delay) case:
 
 * ``aiocollect <loop>``: ``Collector(lambda: AsyncEnvPool([...]))`` under asyncio, uvloop and
-  trio, ``frames_per_batch`` = 16 steps of every env; frames/s over the batches after the first;
+  trio, ``frames_per_batch`` = 16 steps of every env; frames/s over the batches after the first
+  (each row is the median of ``--rounds`` runs, the rows of a case interleaved);
+* ``aiocollect uvloop, barrier-free``: the same with ``AsyncEnvPool(min_ready=n // 4)``: envs
+  step independently (flat batches of the same number of frames);
 * ``bare asyncio loop``: a hand-written loop (``asyncio.gather`` of every env's step, random
   actions, results written into a preallocated array), the floor any collector adds to;
 * ``thread pool``: the same env with a blocking ``time.sleep``, one thread per env stepping
@@ -17,10 +20,10 @@ A last case gives 256 envs a heavy-tailed latency (lognormal, median 20 ms, p99 
 compares lock-step batches with barrier-free ones (``AsyncEnvPool(min_ready=k)``), under uvloop.
 
 ``overhead`` is what a row adds per env-step beyond the wait itself:
-``(1 / frames_per_s - delay / n) * n`` in microseconds, i.e. the wall time of one batch step
+``(1 / frames_per_s - delay / n)`` in microseconds, i.e. the wall time of one batch step
 minus the wait, divided by the envs. The ``limit`` column is ``n / delay`` (no overhead).
 
-    PYTHONPATH=. python benchmarks/bench_async_envs.py              # about 2 minutes on 2 cores
+    PYTHONPATH=. python benchmarks/bench_async_envs.py              # about 6 minutes on 2 cores
     PYTHONPATH=. python benchmarks/bench_async_envs.py --quick      # smoke run
 """
 
@@ -29,8 +32,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import anyio
@@ -109,11 +114,13 @@ class Blocking(Env):
         return np.array([self.t], np.float32), 1.0, self.t >= 1000, False, {}
 
 
-def run_aiocollect(n: int, delay: float, steps: int, batches: int, backend: str, options: dict) -> float:
+def run_aiocollect(
+    n: int, delay: float, steps: int, batches: int, backend: str, options: dict, min_ready: int | None = None
+) -> float:
     from aiocollect import AsyncEnvPool, Collector
 
     async def main() -> float:
-        pool = lambda: AsyncEnvPool([Waiting(delay) for _ in range(n)])  # noqa: E731
+        pool = lambda: AsyncEnvPool([Waiting(delay) for _ in range(n)], min_ready=min_ready)  # noqa: E731
         async with Collector(pool, frames_per_batch=n * steps, total_frames=n * steps * (batches + 1)) as c:
             start, frames = 0.0, 0
             async for b in c:
@@ -126,8 +133,14 @@ def run_aiocollect(n: int, delay: float, steps: int, batches: int, backend: str,
     return anyio.run(main, backend=backend, backend_options=options)
 
 
-def heartbeat_p99(n: int, delay: float, steps: int, batches: int, options: dict) -> tuple[float, float]:
-    """(frames/s, p99 gap in ms) of a 1 ms heartbeat task on the loop that collects ``n`` envs."""
+def heartbeat_p99(n: int, delay: float, steps: int, batches: int, options: dict, freeze: bool) -> tuple[float, float]:
+    """(frames/s, p99 gap in ms) of a 1 ms heartbeat task on the loop that collects ``n`` envs.
+
+    ``freeze``: ``gc.collect(); gc.freeze()`` first (and ``gc.unfreeze()`` after), so the
+    cyclic GC's full collections no longer scan the objects that existed before collection.
+    """
+    import gc
+
     from aiocollect import AsyncEnvPool, Collector
 
     async def main() -> tuple[float, float]:
@@ -152,7 +165,13 @@ def heartbeat_p99(n: int, delay: float, steps: int, batches: int, options: dict)
         gaps.sort()
         return frames / (time.perf_counter() - start), gaps[int(len(gaps) * 0.99)] * 1e3
 
-    return anyio.run(main, backend="asyncio", backend_options=options)
+    if freeze:
+        gc.collect()
+        gc.freeze()
+    try:
+        return anyio.run(main, backend="asyncio", backend_options=options)
+    finally:
+        gc.unfreeze()
 
 
 def run_bare(n: int, delay: float, steps: int, batches: int) -> float:
@@ -188,8 +207,6 @@ def run_threads(n: int, delay: float, steps: int, batches: int) -> float:
 
 
 def run_gym_async(n: int, delay: float, steps: int, batches: int) -> float:
-    from functools import partial
-
     from gymnasium.vector import AsyncVectorEnv
 
     env = AsyncVectorEnv([partial(Blocking, delay)] * n, context="forkserver")
@@ -208,36 +225,50 @@ def run_gym_async(n: int, delay: float, steps: int, batches: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: fewer batches, 64 envs only")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per case; each row's median is reported")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
     cases = [(64, 0.0), (64, 0.01)] if args.quick else [(64, 0.0), (64, 0.01), (1024, 0.0), (1024, 0.01)]
     batches = 2 if args.quick else 6
+    if args.quick:
+        args.rounds = 1
     steps = 16
     uvloop = {"use_uvloop": True}
     rows: list[dict[str, Any]] = []
     for n, delay in cases:
         limit = n / delay if delay else float("inf")
         print(f"\n{n} envs, step wait {delay * 1e3:g} ms (limit {limit:,.0f} frames/s)")
-        bare = run_bare(n, delay, steps, batches)
-        runs: dict[str, float] = {
-            "aiocollect asyncio": run_aiocollect(n, delay, steps, batches, "asyncio", {}),
-            "aiocollect uvloop": run_aiocollect(n, delay, steps, batches, "asyncio", uvloop),
-            "aiocollect trio": run_aiocollect(n, delay, steps, batches, "trio", {}),
-            "bare asyncio loop": bare,
-            "thread pool": run_threads(n, delay, steps, batches),
+        case = (n, delay, steps, batches)
+        makers: dict[str, Any] = {
+            "aiocollect asyncio": partial(run_aiocollect, *case, "asyncio", {}),
+            "aiocollect uvloop": partial(run_aiocollect, *case, "asyncio", uvloop),
+            "aiocollect trio": partial(run_aiocollect, *case, "trio", {}),
+            "aiocollect uvloop, barrier-free": partial(run_aiocollect, *case, "asyncio", uvloop, max(1, n // 4)),
+            "bare asyncio loop": partial(run_bare, *case),
+            "thread pool": partial(run_threads, *case),
         }
         if n <= 64:
-            runs["gymnasium AsyncVectorEnv"] = run_gym_async(n, delay, steps, batches)
+            makers["gymnasium AsyncVectorEnv"] = partial(run_gym_async, *case)
+        # Rows interleaved round by round, so a slow patch of a shared machine hits them all.
+        samples: dict[str, list[float]] = {name: [] for name in makers}
+        for _ in range(args.rounds):
+            for name, make in makers.items():
+                samples[name].append(make())
+        runs = {name: statistics.median(v) for name, v in samples.items()}
+        bare = runs["bare asyncio loop"]
         print(f"  {'row':28s} {'frames/s':>10s} {'overhead us/env-step':>21s} {'vs bare':>8s}")
         for name, fps in runs.items():
-            overhead = (1 / fps - delay / n) * n * 1e6
+            overhead = (1 / fps - delay / n) * 1e6
             print(f"  {name:28s} {fps:10,.0f} {overhead:21.1f} {fps / bare:8.2f}x")
             rows.append({"envs": n, "delay": delay, "row": name, "fps": fps, "overhead_us": overhead})
-    fps, p99 = heartbeat_p99(1024, 0.01, steps, batches, uvloop)
-    print(f"\n1024 envs, step wait 10 ms, uvloop: {fps:,.0f} frames/s, heartbeat p99 gap {p99:.1f} ms (1 ms sleeps)")
-    rows.append({"envs": 1024, "delay": 0.01, "row": "heartbeat p99 ms", "fps": fps, "p99_ms": p99})
+    print("\n1024 envs, step wait 10 ms, uvloop: a 1 ms heartbeat task on the same loop")
+    for freeze in (False, True):
+        fps, p99 = heartbeat_p99(1024, 0.01, steps, batches, uvloop, freeze)
+        name = "after gc.freeze()" if freeze else "default GC"
+        print(f"  {name:28s} {fps:10,.0f} frames/s, heartbeat p99 gap {p99:.1f} ms")
+        rows.append({"envs": 1024, "delay": 0.01, "row": f"heartbeat, {name}", "fps": fps, "p99_ms": p99})
     n = 256
-    frames, hb = (n * 8, 2) if args.quick else (n * 16, 4)
+    frames, hb = (n * 4, 1) if args.quick else (n * 8, 3)
     print(f"\n{n} envs, heavy-tailed step latency (lognormal, median 20 ms, p99 500 ms), uvloop")
     lock = run_heavy_tailed(n, frames, hb, None, uvloop)
     free = {k: run_heavy_tailed(n, frames, hb, k, uvloop) for k in (1, 16, 64)}

@@ -250,3 +250,46 @@ def test_barrier_free_pool_arguments_and_options_are_checked() -> None:
 
     with pytest.raises(ValueError, match=r"^max_frames_per_traj=5 is not supported with a barrier-free AsyncEnvPool"):
         anyio.run(main)
+
+
+class Stuck(SleepyAsyncEnv):
+    """A step that waits far longer than the test; records that it was cancelled."""
+
+    def __init__(self, cancelled: list[int], i: int) -> None:
+        super().__init__(delay=60.0)
+        self.cancelled, self.i = cancelled, i
+
+    async def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+        try:
+            return await super().step(action)
+        except anyio.get_cancelled_exc_class():
+            self.cancelled.append(self.i)
+            raise
+
+
+@pytest.mark.anyio
+@pytest.mark.all_backends
+@pytest.mark.parametrize("min_ready", [None, 1])
+async def test_cancelling_the_collector_cancels_every_step_in_flight(min_ready: int | None) -> None:
+    cancelled: list[int] = []
+    pool = AsyncEnvPool([Stuck(cancelled, i) for i in range(32)], min_ready=min_ready)
+    with anyio.fail_after(10):
+        with anyio.move_on_after(0.5) as scope:
+            async with Collector(lambda: pool, frames_per_batch=64) as c:
+                async for _ in c:
+                    pass
+    assert scope.cancelled_caught
+    assert sorted(cancelled) == list(range(32))  # every env's step was cancelled, and awaited
+
+
+@pytest.mark.anyio
+@pytest.mark.all_backends
+async def test_a_straggler_never_holds_a_barrier_free_batch_back() -> None:
+    # Env 0's steps take 30 s: batches must come from the other envs meanwhile, and leaving
+    # the collector must cancel the straggler's step rather than wait for it.
+    pool = lagging_pool(slow=30.0, min_ready=1)
+    with anyio.fail_after(10):
+        batches, _ = await collect_n(pool, 100, 3)
+    for b in batches:
+        assert b.shape == (100,)
+        assert 0 not in b["collector", "env_id"].tolist()  # its step is still in flight

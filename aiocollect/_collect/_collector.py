@@ -13,13 +13,14 @@ from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
 from .._core._errors import warn_user
+from .._core._loops import in_event_loop
 from .._core._seeding import SeedPlan, check_seed
 from .._core._threads import ThreadLane, to_thread
 from .._envs._base import AsyncBatchedEnv
 from .._rollout._config import make_env, validate_config
 from .._rollout._policy import PolicyAdapter
 from .._rollout._rollout import Rollout, TrajCounter
-from .._rollout._stream import barrier_free_rollout
+from .._rollout._stream import StreamRollout, barrier_free_rollout
 from ._lifecycle import CollectorLifecycle
 
 __all__ = ["Collector"]
@@ -180,6 +181,8 @@ class Collector(CollectorLifecycle):
 
     def _stop_requested(self) -> None:
         self._lane.stop.set()
+        if isinstance(self._rollout, StreamRollout) and in_event_loop():
+            self._rollout.cancel_steps()  # env steps in flight are tasks of this collector's task group
 
     def _activity(self) -> int:
         rollout = self._rollout
@@ -228,6 +231,8 @@ class Collector(CollectorLifecycle):
         post = self._needs_post()
         if self._batch_rb is not None and self._batch_rb.direct_writes and rollout.buf is not None and not post:
             return await self._collect_into_buffer(rollout, random, start)
+        if isinstance(rollout, StreamRollout):
+            rollout.spawn = self._tg.start_soon
         if isinstance(rollout.env, AsyncBatchedEnv):
             batch = await rollout.acollect(random, self._lane.run)
         else:

@@ -2,8 +2,8 @@
 
 `AsyncEnvPool` steps every env of its batch at once. A task per env and step is the unit of
 concurrency, so its cost is the pool's overhead: under asyncio (and uvloop) the rows run as
-plain ``loop.create_task`` tasks awaited together, a fraction of the cost of an anyio task
-group's; under trio a nursery is already that cheap. Either way the call is structured: it
+plain ``loop.create_task`` tasks awaited together, and under trio in a plain nursery: a
+fraction of the cost of an anyio task group's. Either way the call is structured: it
 returns only once every row's task has ended, and cancelling it cancels them all and waits
 for them.
 """
@@ -33,7 +33,11 @@ async def each(fn: Callable[[int], Awaitable[None]], rows: Iterable[int]) -> Non
     try:
         loop = asyncio.get_running_loop()  # asyncio or uvloop; trio has none
     except RuntimeError:
-        await _each_anyio(fn, rows)
+        trio = sys.modules.get("trio")  # a running trio loop has imported it
+        if trio is not None:
+            await _each_trio(trio, fn, rows)
+        else:  # pragma: no cover - another anyio backend
+            await _each_anyio(fn, rows)
     else:
         await _each_asyncio(loop, fn, rows)
 
@@ -59,15 +63,36 @@ async def _each_asyncio(
     _raise(errors)
 
 
+async def _each_trio(trio: Any, fn: Callable[[int], Awaitable[None]], rows: Iterable[int]) -> None:
+    # trio's own nursery: anyio's task group wraps each task of it in more bookkeeping.
+    error: Exception | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            for i in rows:
+                nursery.start_soon(fn, i)
+    except BaseExceptionGroup as group:
+        error = _single(group)
+    if error is not None:
+        raise error  # outside the except block: the error keeps its own __cause__/__context__
+
+
 async def _each_anyio(fn: Callable[[int], Awaitable[None]], rows: Iterable[int]) -> None:
-    errors: list[Any] = []
+    error: Exception | None = None
     try:
         async with anyio.create_task_group() as tg:
             for i in rows:
                 tg.start_soon(fn, i)
     except BaseExceptionGroup as group:
-        errors = list(group.exceptions)
-    _raise(errors)  # outside the except block: a single error keeps its own __context__
+        error = _single(group)
+    if error is not None:
+        raise error
+
+
+def _single(group: BaseExceptionGroup) -> Exception:
+    """The group's one error, to raise on its own; anything else (a cancellation) re-raises the group."""
+    if len(group.exceptions) == 1 and isinstance(group.exceptions[0], Exception):
+        return group.exceptions[0]
+    raise group
 
 
 def _raise(errors: list[Any]) -> None:

@@ -9,14 +9,13 @@ Batch layout: a flat ``[frames_per_batch]`` batch with lock-step's keys plus
 ``("collector", "env_id")``. Frames are grouped by env (env 0's first), in time order within
 each env, so every trajectory is a contiguous run: ``split_trajectories`` (and
 ``split_trajs=True``) cut them exactly, and value estimators can run on the split rows. An
-env has at most one step in flight and no step is in flight between batches: the batch
-ends when its last frame's step returns, and the next one starts from every env's current
-observation (its trajectory goes on).
+env has at most one step in flight. A batch ends as soon as it holds its frames: steps still
+in flight go on (they are tasks of the collector's task group), and their frames open the
+next batch, so a straggler never holds a batch back.
 """
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -96,6 +95,16 @@ class StreamRollout:
         self.pend_traj = np.zeros(self.n, np.int64)
         self.specs: dict[NestedKey, ArraySpec] | None = None
         self.extras: list[NestedKey] = []
+        # Cross-batch state: env steps are tasks of the collector's task group (``spawn``),
+        # so a step in flight when a batch fills goes on, and its frame opens the next one.
+        self.spawn: Callable[..., Any] | None = None
+        self.ready: list[int] = []  # envs whose observation awaits an action
+        self.in_flight = 0
+        self.store: dict[Any, torch.Tensor] | None = None
+        self.filled = 0
+        self.changed: Any = None  # an anyio.Event, replaced each time it is set
+        self.error: BaseException | None = None
+        self._scopes: set[anyio.CancelScope] = set()
 
     # -- what the collector calls -------------------------------------------------------------
     def request_reset(self, seeds: list[int] | None = None) -> None:
@@ -117,31 +126,146 @@ class StreamRollout:
     async def acollect(
         self, random: bool, run_sync: Callable[..., Awaitable[Any]], out: dict[Any, torch.Tensor] | None = None
     ) -> TensorDict:
-        """Collect one batch of ``frames`` frames; the policy runs via ``run_sync`` (a thread)."""
+        """Collect one batch of ``frames`` frames; the policy runs via ``run_sync`` (a thread).
+
+        Steps still in flight when the batch is full go on: their frames open the next batch.
+        """
         from tensordict import TensorDict
 
+        assert self.spawn is not None, "the collector sets spawn (its task group's start_soon) first"
         random = random or self.policy.is_random
+        if self.changed is None:
+            self.changed = anyio.Event()
         if self.needs_reset:
+            while self.in_flight:  # their frames are kept; then every env starts afresh
+                await self._changed()
+            self._raise_error()
             await self.env._reset_arrays(None, self.seeds)
             self.cur = {k: v.clone() for k, v in self.env._obs.items()}
             self.traj[:] = self.counter.take_np(self.n)
+            self.ready = list(range(self.n))
             self.needs_reset, self.seeds = False, None
         if self.specs is None:
             await run_sync(self._learn_layout, random)
-        frames = await _Batch(self, random, run_sync).run()
+        if self.store is None:
+            self.store = self._allocate()
+        N = self.N
+        while self.filled < N:
+            self._raise_error()
+            if len(self.ready) < self.min_ready:
+                await self._wait(self.min_ready)  # returns early at max_wait, or with the batch full
+                if not self.ready or self.filled >= N:
+                    continue
+            rows, self.ready = self.ready, []
+            actions = await run_sync(self._act, rows, random)
+            acts = self.env._actions(actions)
+            self.in_flight += len(rows)
+            for j, i in enumerate(rows):
+                self.spawn(self._step, i, acts[j])
+        store = self.store
         # Group by env, time order kept within each (a stable sort): trajectories are contiguous.
-        order = torch.from_numpy(np.argsort(frames[ENV_ID].numpy(), kind="stable"))
+        order = torch.from_numpy(np.argsort(store[ENV_ID][:N].numpy(), kind="stable"))
+        data = {k: v[:N].index_select(0, order) for k, v in store.items()}
+        extra = self.filled - N  # frames of steps that returned after the batch was full
+        for v in store.values():
+            v[:extra] = v[N : N + extra].clone()
+        self.filled = extra
         dev = self.storing_device
-        data = {k: v.index_select(0, order) for k, v in frames.items()}
         if out is not None:
             for k, v in data.items():
                 out[k].copy_(v)
             data = out
         elif dev is not None:
             data = {k: v.to(dev) for k, v in data.items()}
-        return TensorDict(data, batch_size=[self.N], device=dev)
+        return TensorDict(data, batch_size=[N], device=dev)
+
+    def cancel_steps(self) -> None:
+        """Cancel every env step in flight (the collector is shutting down); loop thread only."""
+        for scope in list(self._scopes):
+            scope.cancel()
 
     # -- internals ----------------------------------------------------------------------------
+    def _raise_error(self) -> None:
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+    async def _changed(self) -> None:
+        assert self.changed is not None
+        await self.changed.wait()
+
+    def _signal(self) -> None:
+        assert self.changed is not None
+        self.changed.set()
+        self.changed = anyio.Event()
+
+    async def _wait(self, want: int) -> None:
+        """Until ``want`` envs are ready, or ``max_wait`` seconds after the first one was."""
+        def waiting() -> bool:
+            return len(self.ready) < want and self.error is None and self.filled < self.N
+
+        while waiting():
+            if self.ready and self.max_wait is not None:
+                with anyio.move_on_after(self.max_wait):
+                    while waiting():
+                        await self._changed()
+                return
+            await self._changed()
+
+    def _allocate(self) -> dict[Any, torch.Tensor]:
+        """Frame rows: a batch and, after it, room for the steps in flight when it fills."""
+        rows = self.N + self.n
+        store = {k: torch.zeros((rows, *t.shape[1:]), dtype=t.dtype) for k, t in self.pend.items()}
+        for k, s in self.spec.observation.items():
+            store[_nxt(k)] = s.zeros((rows,))
+        for f in FLAGS:
+            store[("next", f)] = torch.zeros((rows, 1), dtype=torch.float32 if f == "reward" else torch.bool)
+        for f in FLAGS[1:]:
+            store[f] = torch.zeros((rows, 1), dtype=torch.bool)
+        for k in (ENV_ID, TRAJ, VERSION):
+            store[k] = torch.zeros(rows, dtype=torch.int64)
+        store[WORKER] = torch.full((rows,), self.worker_id, dtype=torch.int64)
+        return store
+
+    async def _step(self, i: int, act: Any) -> None:
+        """Env ``i``'s step, as a task of the collector: records its frame, resets the env if done."""
+        scope = anyio.CancelScope()
+        self._scopes.add(scope)
+        try:
+            with scope:
+                await self._step_and_record(i, act)
+        except Exception as exc:  # raised by the collector's next acollect, not in its task group
+            if self.error is None:
+                self.error = exc
+        finally:
+            self._scopes.discard(scope)
+            self.in_flight -= 1
+            self._signal()
+
+    async def _step_and_record(self, i: int, act: Any) -> None:
+        pool, store = self.env, self.store
+        assert store is not None
+        await pool._step_row(i, act)
+        f = self.filled
+        self.filled += 1
+        for k, v in self.pend.items():
+            store[k][f] = v[i]
+        for k in self.spec.observation:
+            store[_nxt(k)][f] = pool._obs[k][i]
+        term, trunc = bool(pool._term[i]), bool(pool._trunc[i])
+        store["next", "reward"][f] = float(pool._reward[i])
+        store["next", "terminated"][f] = term
+        store["next", "truncated"][f] = trunc
+        store["next", "done"][f] = term or trunc
+        store[ENV_ID][f], store[TRAJ][f], store[VERSION][f] = i, int(self.pend_traj[i]), int(self.pend_version[i])
+        self.steps_done += 1
+        if term or trunc:
+            await pool._reset_row(i)
+            self.traj[i] = self.counter.take_one()
+        for k in self.spec.observation:
+            self.cur[k][i] = pool._obs[k][i]
+        self.ready.append(i)
+
     def _learn_layout(self, random: bool) -> None:
         specs: dict[NestedKey, ArraySpec] = dict(self.spec.observation)
         specs.update(self.spec.action)
@@ -180,79 +304,3 @@ class StreamRollout:
         self.pend_version[rows] = versions[0]
         self.pend_traj[rows] = self.traj[rows]
         return {k: out[k] for k in self.spec.action}
-
-
-class _Batch:
-    """One batch: dispatch ready envs, record each frame as its step returns, until full."""
-
-    def __init__(self, ro: StreamRollout, random: bool, run_sync: Callable[..., Awaitable[Any]]) -> None:
-        self.ro, self.random, self.run_sync = ro, random, run_sync
-        n, N = ro.n, ro.N
-        self.frames = {k: torch.zeros((N, *t.shape[1:]), dtype=t.dtype) for k, t in ro.pend.items()}
-        for k, s in ro.spec.observation.items():
-            self.frames[_nxt(k)] = s.zeros((N,))
-        for f in FLAGS:
-            self.frames[("next", f)] = torch.zeros((N, 1), dtype=torch.float32 if f == "reward" else torch.bool)
-        for f in FLAGS[1:]:
-            self.frames[f] = torch.zeros((N, 1), dtype=torch.bool)
-        for k in (ENV_ID, TRAJ, VERSION):
-            self.frames[k] = torch.zeros(N, dtype=torch.int64)
-        self.frames[WORKER] = torch.full((N,), ro.worker_id, dtype=torch.int64)
-        self.ready = list(range(n))  # every env has an observation waiting for an action
-        self.filled = self.in_flight = 0
-        self.changed = anyio.Event()
-
-    async def run(self) -> dict[Any, torch.Tensor]:
-        ro, N = self.ro, self.ro.N
-        async with anyio.create_task_group() as tg:
-            while self.filled < N:
-                room = N - self.filled - self.in_flight  # frames not yet promised to a step
-                want = min(ro.min_ready, room, ro.n)
-                if room <= 0 or len(self.ready) < want:
-                    await self._wait(want if room > 0 else math.inf)
-                    if room <= 0 or not self.ready:
-                        continue
-                rows, self.ready = self.ready[:room], self.ready[room:]
-                actions = await self.run_sync(ro._act, rows, self.random)
-                acts = ro.env._actions(actions)
-                self.in_flight += len(rows)
-                for j, i in enumerate(rows):
-                    tg.start_soon(self._step, i, acts[j])
-        return self.frames
-
-    async def _wait(self, want: float) -> None:
-        """Until ``want`` envs are ready, or ``max_wait`` seconds after the first one was."""
-        ro = self.ro
-        while len(self.ready) < want and self.filled < ro.N:
-            if self.ready and ro.max_wait is not None:
-                with anyio.move_on_after(ro.max_wait):
-                    while len(self.ready) < want and self.filled < ro.N:
-                        await self.changed.wait()
-                return
-            await self.changed.wait()
-
-    async def _step(self, i: int, act: Any) -> None:
-        ro, pool = self.ro, self.ro.env
-        await pool._step_row(i, act)
-        f, frames = self.filled, self.frames
-        self.filled += 1
-        for k, v in ro.pend.items():
-            frames[k][f] = v[i]
-        for k in ro.spec.observation:
-            frames[_nxt(k)][f] = pool._obs[k][i]
-        reward, term, trunc = float(pool._reward[i]), bool(pool._term[i]), bool(pool._trunc[i])
-        frames["next", "reward"][f] = reward
-        frames["next", "terminated"][f] = term
-        frames["next", "truncated"][f] = trunc
-        frames["next", "done"][f] = term or trunc
-        frames[ENV_ID][f], frames[TRAJ][f], frames[VERSION][f] = i, int(ro.pend_traj[i]), int(ro.pend_version[i])
-        ro.steps_done += 1
-        if term or trunc:
-            await pool._reset_row(i)
-            ro.traj[i] = ro.counter.take_one()
-        for k in ro.spec.observation:
-            ro.cur[k][i] = pool._obs[k][i]
-        self.in_flight -= 1
-        self.ready.append(i)
-        self.changed.set()
-        self.changed = anyio.Event()
