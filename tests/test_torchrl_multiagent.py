@@ -190,3 +190,28 @@ def test_set_seed_seeds_a_torchrl_env_with_the_given_seed() -> None:
     reference.set_seed(1234)
     assert torch.equal(batches[0]["observation"][0], reference.reset()["observation"])
     reference.close()
+
+
+def gym_pendulum() -> object:
+    from torchrl.envs import GymEnv
+
+    return GymEnv("Pendulum-v1")
+
+
+def test_set_seed_chains_the_seed_through_workers_as_torchrl_does() -> None:
+    # TorchRL's multi-process set_seed(s): worker 0's env gets s, worker 1's what worker 0's
+    # env.set_seed(s) returned (one link of TorchRL's seed chain per env).
+    from torchrl._utils import seed_generator
+    from torchrl.envs import GymEnv
+
+    collector = MultiSyncDataCollector([gym_pendulum, gym_pendulum], None, frames_per_batch=8, total_frames=8)
+    try:
+        collector.set_seed(1234)
+        (batch,) = [b.clone() for b in collector]
+    finally:
+        collector.shutdown()
+    for w, seed in enumerate([1234, seed_generator(1234)]):
+        reference = GymEnv("Pendulum-v1")
+        reference.set_seed(seed)
+        assert torch.equal(batch[w, 0]["observation"], reference.reset()["observation"]), w
+        reference.close()

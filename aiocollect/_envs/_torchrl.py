@@ -24,12 +24,25 @@ from ._specs import ArraySpec, EnvSpec, NestedKey
 if TYPE_CHECKING:
     from tensordict import TensorDictBase
 
-__all__ = ["TorchRLEnv", "is_torchrl_env"]
+__all__ = ["TorchRLEnv", "chained_seed", "is_torchrl_env"]
 
 
 def is_torchrl_env(obj: Any) -> bool:
     """True if ``obj`` is a ``torchrl.envs.EnvBase`` (never imports torchrl itself)."""
     return is_instance_of(obj, "torchrl.envs", "EnvBase")
+
+
+def chained_seed(seed: int, steps: int) -> int:
+    """``seed`` after ``steps`` links of TorchRL's seed chain (``torchrl._utils.seed_generator``).
+
+    TorchRL's multi-process collectors seed worker ``w`` with what worker ``w - 1``'s
+    ``env.set_seed`` returned: one link per env it holds (a ``SerialEnv(k)`` counts ``k``).
+    """
+    from torchrl._utils import seed_generator
+
+    for _ in range(steps):
+        seed = seed_generator(seed)
+    return int(seed)
 
 
 def _unbatched(spec: Any, nb: int) -> Any:

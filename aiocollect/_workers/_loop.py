@@ -136,7 +136,16 @@ class _Worker:
 
         plan = SeedPlan(seeds)
         plan.apply_rngs(self.rollout.generator)
-        self.rollout.request_reset(plan.env_seeds(max(1, self.rollout.spec.numel)))
+        n = max(1, self.rollout.spec.numel)
+        if getattr(self.rollout.env, "_seeds_as_given", False) and seeds.spawn_key:
+            # A TorchRL env: seeded as TorchRL's multi-process collectors seed worker w, with
+            # the user's seed carried through the envs of the workers before it.
+            from .._envs._torchrl import chained_seed
+
+            given = chained_seed(int(seeds.entropy), seeds.spawn_key[-1] * n)
+            self.rollout.request_reset([given] * n)
+            return
+        self.rollout.request_reset(plan.env_seeds(n))
 
     def serve(self) -> None:
         """Handle commands strictly in order until `Close`."""
