@@ -279,15 +279,18 @@ class WatchedTensorDictReplayBuffer(Watched, TensorDictReplayBuffer):
     pass
 
 
+def background_collector(kind: str, rb: object) -> object:
+    """The seeds' background pattern: 400 frames of random actions into ``rb``, in batches of 50."""
+    if kind == "sync":
+        return SyncDataCollector(make_pendulum, None, frames_per_batch=50, total_frames=400, replay_buffer=rb)
+    return MultiaSyncDataCollector([make_pendulum] * 2, None, frames_per_batch=50, total_frames=400, replay_buffer=rb)
+
+
 @pytest.mark.parametrize("kind", ["sync", "multi-async"])
 @pytest.mark.parametrize("buffer_cls", [WatchedReplayBuffer, WatchedTensorDictReplayBuffer])
 def test_seeds_background_pattern_fills_a_torchrl_buffer(kind: str, buffer_cls: type) -> None:
     rb = buffer_cls(storage=LazyTensorStorage(1_000), batch_size=16)
-    if kind == "sync":
-        collector = SyncDataCollector(make_pendulum, None, frames_per_batch=50, total_frames=400, replay_buffer=rb)
-    else:
-        collector = MultiaSyncDataCollector([make_pendulum] * 2, None, frames_per_batch=50, total_frames=400,
-                                            replay_buffer=rb)  # fmt: skip
+    collector = background_collector(kind, rb)
     collector.start()
     rb.wait_len(16)
     samples = [rb.sample() for _ in range(5)]  # TorchRL's own sample(), while collection goes on
@@ -321,11 +324,7 @@ def test_background_collection_into_a_torchrl_prioritized_buffer(kind: str) -> N
     if why is not None:
         pytest.skip(why)
     rb = WatchedPrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=LazyTensorStorage(1_000), batch_size=16)
-    if kind == "sync":
-        collector = SyncDataCollector(make_pendulum, None, frames_per_batch=50, total_frames=400, replay_buffer=rb)
-    else:
-        collector = MultiaSyncDataCollector([make_pendulum] * 2, None, frames_per_batch=50, total_frames=400,
-                                            replay_buffer=rb)  # fmt: skip
+    collector = background_collector(kind, rb)
     collector.start()
     rb.wait_len(16)
     sample = rb.sample()  # TorchRL's prioritized sample, while collection goes on

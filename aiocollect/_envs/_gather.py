@@ -34,10 +34,7 @@ async def each(fn: Callable[[int], Awaitable[None]], rows: Iterable[int]) -> Non
         loop = asyncio.get_running_loop()  # asyncio or uvloop; trio has none
     except RuntimeError:
         trio = sys.modules.get("trio")  # a running trio loop has imported it
-        if trio is not None:
-            await _each_trio(trio, fn, rows)
-        else:  # pragma: no cover - another anyio backend
-            await _each_anyio(fn, rows)
+        await _each_in_group(trio.open_nursery if trio is not None else anyio.create_task_group, fn, rows)
     else:
         await _each_asyncio(loop, fn, rows)
 
@@ -63,29 +60,20 @@ async def _each_asyncio(
     _raise(errors)
 
 
-async def _each_trio(trio: Any, fn: Callable[[int], Awaitable[None]], rows: Iterable[int]) -> None:
-    # trio's own nursery: anyio's task group wraps each task of it in more bookkeeping.
+async def _each_in_group(
+    open_group: Callable[[], Any], fn: Callable[[int], Awaitable[None]], rows: Iterable[int]
+) -> None:
+    """In a trio nursery (anyio's task group wraps each of its tasks in more bookkeeping) or
+    an anyio task group (any other backend)."""
     error: Exception | None = None
     try:
-        async with trio.open_nursery() as nursery:
+        async with open_group() as group:
             for i in rows:
-                nursery.start_soon(fn, i)
-    except BaseExceptionGroup as group:
-        error = _single(group)
+                group.start_soon(fn, i)
+    except BaseExceptionGroup as eg:
+        error = _single(eg)
     if error is not None:
         raise error  # outside the except block: the error keeps its own __cause__/__context__
-
-
-async def _each_anyio(fn: Callable[[int], Awaitable[None]], rows: Iterable[int]) -> None:
-    error: Exception | None = None
-    try:
-        async with anyio.create_task_group() as tg:
-            for i in rows:
-                tg.start_soon(fn, i)
-    except BaseExceptionGroup as group:
-        error = _single(group)
-    if error is not None:
-        raise error
 
 
 def _single(group: BaseExceptionGroup) -> Exception:

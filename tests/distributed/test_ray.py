@@ -24,6 +24,7 @@ from aiocollect.testing import CountingEnv, FailingEnv, ScriptedPolicy
 
 ray = pytest.importorskip("ray")
 from _ray_procs import local_ray, no_leaks  # noqa: E402, F401  (the module's Ray and its leak check)
+from _torchrl_nodes import check_torchrl_node_batches, torchrl_pendulum  # noqa: E402
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 
@@ -40,11 +41,6 @@ def counting() -> CountingEnv:
     return CountingEnv(1, episode_length=7)
 
 
-
-def torchrl_pendulum() -> object:
-    from torchrl.envs import GymEnv, StepCounter, TransformedEnv
-
-    return TransformedEnv(GymEnv("Pendulum-v1"), StepCounter(7))
 
 def kw(**extra: object) -> dict[str, object]:
     return {"remote_configs": ACTOR, "shutdown_timeout": 5.0, **extra}
@@ -223,9 +219,4 @@ async def test_torchrl_envs_on_nodes_keep_torchrl_keys() -> None:
         envs = [torchrl_pendulum] * 2
         async with RayCollector(envs, None, frames_per_batch=40, total_frames=80, sync=True, **kw()) as c:
             batches = [b async for b in c]
-    assert [b.numel() for b in batches] == [40, 40]
-    for b in batches:
-        assert {"step_count", ("next", "step_count"), ("next", "truncated")} <= set(b.keys(True, True))
-        assert sorted(b[WORKER_ID].unique().tolist()) == [0, 1]
-        assert bool(b["next", "truncated"].any())  # StepCounter(7) truncates inside each node's 20 steps
-        assert bool((b["action"].abs() <= 2).all())  # random actions from the env's action spec
+    check_torchrl_node_batches(batches)
