@@ -15,7 +15,14 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from aiocollect import AsyncEnvPool, Collector, EnvTimeoutError, MultiSyncDataCollector
+from aiocollect import (
+    AsyncEnvPool,
+    Collector,
+    EnvTimeoutError,
+    MultiaSyncDataCollector,
+    MultiSyncDataCollector,
+    aSyncDataCollector,
+)
 from aiocollect.testing import SleepyAsyncEnv
 
 pytestmark = pytest.mark.timeout(60)
@@ -151,19 +158,29 @@ def pool_of_sleepy() -> AsyncEnvPool:
 
 
 @pytest.mark.timeout(120)
-def test_coroutine_envs_in_worker_processes_run_on_each_workers_loop() -> None:
-    collector = MultiSyncDataCollector([pool_of_sleepy, pool_of_sleepy], None, frames_per_batch=160, total_frames=480)
+@pytest.mark.parametrize("kind", ["MultiSync", "MultiaSync", "aSync"])
+def test_coroutine_envs_in_worker_processes_run_on_each_workers_loop(kind: str) -> None:
+    if kind == "MultiSync":
+        collector = MultiSyncDataCollector([pool_of_sleepy] * 2, None, frames_per_batch=160, total_frames=480)
+    elif kind == "MultiaSync":
+        collector = MultiaSyncDataCollector([pool_of_sleepy] * 2, None, frames_per_batch=80, total_frames=480)
+    else:
+        collector = aSyncDataCollector(pool_of_sleepy, None, frames_per_batch=80, total_frames=480)
     try:
         batches = [b.clone() for b in collector]
     finally:
         collector.shutdown()
-    assert [b.shape for b in batches] == [torch.Size([2, 8, 10])] * 3  # [workers, envs, steps]
+    assert sum(b.numel() for b in batches) == 480
+    workers = set()
     for b in batches:
         nxt, obs = b["next", "observation"][..., 0], b["observation"][..., 0]
         done = b["next", "done"][..., 0]
         assert torch.equal(nxt, obs + 1)  # real transitions, every env
         assert torch.equal(done, nxt == 5)
-        assert sorted(b["collector", "worker_id"].unique().tolist()) == [0, 1]
+        workers |= set(b["collector", "worker_id"].unique().tolist())
+    assert workers == ({0} if kind == "aSync" else {0, 1})
+    if kind == "MultiSync":
+        assert [b.shape for b in batches] == [torch.Size([2, 8, 10])] * 3  # [workers, envs, steps]
 
 
 class Lagging(SleepyAsyncEnv):
