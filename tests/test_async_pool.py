@@ -299,6 +299,47 @@ async def test_cancelling_the_collector_cancels_every_step_in_flight(min_ready: 
     assert sorted(cancelled) == list(range(32))  # every env's step was cancelled, and awaited
 
 
+class Deaf(SleepyAsyncEnv):
+    """A step that ignores cancellation until ``released`` is set; ``entered`` counts steps begun."""
+
+    def __init__(self, entered: list[int], all_in: anyio.Event, released: anyio.Event) -> None:
+        super().__init__(delay=0.0)
+        self.entered, self.all_in, self.released = entered, all_in, released
+
+    async def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+        self.entered.append(1)
+        if len(self.entered) == 4:
+            self.all_in.set()
+        while not self.released.is_set():
+            try:
+                await self.released.wait()
+            except anyio.get_cancelled_exc_class():
+                pass  # swallowed: what a misbehaving client library does
+        return await super().step(action)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", ("asyncio", {"use_uvloop": True})], indirect=True)
+async def test_leaving_is_bounded_when_a_barrier_free_step_ignores_cancellation() -> None:
+    entered: list[int] = []
+    all_in, released = anyio.Event(), anyio.Event()
+    pool = AsyncEnvPool([Deaf(entered, all_in, released) for _ in range(4)], min_ready=1)
+
+    async def collect() -> None:
+        async with Collector(lambda: pool, frames_per_batch=8, shutdown_timeout=0.3) as c:
+            async for _ in c:
+                pass
+
+    with anyio.fail_after(10):
+        with pytest.warns(RuntimeWarning, match=r"4 env step\(s\) .* ignored cancellation for shutdown_timeout=0.3s"):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(collect)
+                await all_in.wait()  # every env's step is in flight
+                tg.cancel_scope.cancel()
+        released.set()  # the abandoned steps end now, before the test's loop closes
+        await anyio.wait_all_tasks_blocked()
+
+
 @pytest.mark.anyio
 @pytest.mark.all_backends
 async def test_a_straggler_never_holds_a_barrier_free_batch_back() -> None:

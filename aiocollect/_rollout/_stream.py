@@ -16,6 +16,7 @@ next batch, so a straggler never holds a batch back.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ import anyio
 import numpy as np
 import torch
 
+from .._core._errors import warn_user
 from .._core._seeding import TrajCounter
 from .._envs._specs import ArraySpec, NestedKey
 from ._arrays import next_key as _nxt
@@ -54,7 +56,8 @@ def barrier_free_rollout(
                 f"have no common time step; drop {name}, or drop min_ready for lock-step batches"
             )
     return StreamRollout(pool, policy, frames=cfg.frames_per_batch, traj_counter=counter, generator=generator,
-                         storing_device=cfg.storing_device, stop=stop)  # fmt: skip
+                         storing_device=cfg.storing_device, stop=stop,
+                         shutdown_timeout=cfg.shutdown_timeout)  # fmt: skip
 
 
 class StreamRollout:
@@ -78,6 +81,7 @@ class StreamRollout:
         storing_device: torch.device | None,
         stop: threading.Event,
         worker_id: int = 0,
+        shutdown_timeout: float = 10.0,
     ) -> None:
         self.env, self.policy, self.N = pool, policy, frames
         self.spec = pool.spec
@@ -95,16 +99,27 @@ class StreamRollout:
         self.pend_traj = np.zeros(self.n, np.int64)
         self.specs: dict[NestedKey, ArraySpec] | None = None
         self.extras: list[NestedKey] = []
-        # Cross-batch state: env steps are tasks of the collector's task group (``spawn``),
-        # so a step in flight when a batch fills goes on, and its frame opens the next one.
+        # Cross-batch state: env steps outlive their batch, so a step in flight when a batch
+        # fills goes on, and its frame opens the next one. Under asyncio (and uvloop) each
+        # step is a plain task (an anyio task costs several times more per step) owned by
+        # `_keep`, a task of the collector's task group that cancels and awaits them at
+        # shutdown; under trio each step is a task of the collector's task group (``spawn``).
         self.spawn: Callable[..., Any] | None = None
+        self.shutdown_timeout = shutdown_timeout
         self.ready: list[int] = []  # envs whose observation awaits an action
         self.in_flight = 0
         self.store: dict[Any, torch.Tensor] | None = None
         self.filled = 0
-        self.changed: Any = None  # an anyio.Event, replaced each time it is set
         self.error: BaseException | None = None
+        self._until: Callable[[], bool] | None = None  # what acollect waits for, and its event
+        self._event: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping: Any = None  # an anyio.Event once `_keep` runs
         self._scopes: set[anyio.CancelScope] = set()
+        self._copies: list[tuple[Any, Any]] = []  # (batch column, per-env source) pairs, see _bind
+        self._cur_copies: list[tuple[Any, Any]] = []
+        self._cols: tuple[Any, ...] = ()
 
     # -- what the collector calls -------------------------------------------------------------
     def request_reset(self, seeds: list[int] | None = None) -> None:
@@ -134,14 +149,20 @@ class StreamRollout:
 
         assert self.spawn is not None, "the collector sets spawn (its task group's start_soon) first"
         random = random or self.policy.is_random
-        if self.changed is None:
-            self.changed = anyio.Event()
+        if self._stopping is None:
+            self._stopping = anyio.Event()
+            try:
+                self._loop = asyncio.get_running_loop()
+            except RuntimeError:  # trio
+                self._loop = None
+            else:
+                self.spawn(self._keep)
         if self.needs_reset:
-            while self.in_flight:  # their frames are kept; then every env starts afresh
-                await self._changed()
+            await self._wait_for(lambda: not self.in_flight)  # their frames are kept; then every env starts afresh
             self._raise_error()
             await self.env._reset_arrays(None, self.seeds)
             self.cur = {k: v.clone() for k, v in self.env._obs.items()}
+            self._cur_copies = [_pair(self.cur[k], v) for k, v in self.env._obs.items()]
             self.traj[:] = self.counter.take_np(self.n)
             self.ready = list(range(self.n))
             self.needs_reset, self.seeds = False, None
@@ -149,6 +170,7 @@ class StreamRollout:
             await run_sync(self._learn_layout, random)
         if self.store is None:
             self.store = self._allocate()
+            self._bind(self.store)
         N = self.N
         while self.filled < N:
             self._raise_error()
@@ -160,8 +182,15 @@ class StreamRollout:
             actions = await run_sync(self._act, rows, random)
             acts = self.env._actions(actions)
             self.in_flight += len(rows)
-            for j, i in enumerate(rows):
-                self.spawn(self._step, i, acts[j])
+            loop = self._loop
+            if loop is not None:
+                for j, i in enumerate(rows):
+                    task = loop.create_task(self._step(i, acts[j]))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+            else:
+                for j, i in enumerate(rows):
+                    self.spawn(self._step_scoped, i, acts[j])
         store = self.store
         # Group by env, time order kept within each (a stable sort): trajectories are contiguous.
         order = torch.from_numpy(np.argsort(store[ENV_ID][:N].numpy(), kind="stable"))
@@ -181,6 +210,10 @@ class StreamRollout:
 
     def cancel_steps(self) -> None:
         """Cancel every env step in flight (the collector is shutting down); loop thread only."""
+        if self._stopping is not None:
+            self._stopping.set()
+        for task in list(self._tasks):
+            task.cancel()
         for scope in list(self._scopes):
             scope.cancel()
 
@@ -190,27 +223,53 @@ class StreamRollout:
             error, self.error = self.error, None
             raise error
 
-    async def _changed(self) -> None:
-        assert self.changed is not None
-        await self.changed.wait()
+    async def _wait_for(self, until: Callable[[], bool]) -> None:
+        """Until ``until()`` holds; steps check it as they end, so an event is made per wait, not per step."""
+        while not until():
+            self._until, self._event = until, anyio.Event()
+            try:
+                await self._event.wait()
+            finally:
+                self._until = self._event = None
 
-    def _signal(self) -> None:
-        assert self.changed is not None
-        self.changed.set()
-        self.changed = anyio.Event()
+    def _poke(self) -> None:
+        if self._until is not None and self._until():
+            self._event.set()
 
     async def _wait(self, want: int) -> None:
         """Until ``want`` envs are ready, or ``max_wait`` seconds after the first one was."""
-        def waiting() -> bool:
-            return len(self.ready) < want and self.error is None and self.filled < self.N
 
-        while waiting():
-            if self.ready and self.max_wait is not None:
-                with anyio.move_on_after(self.max_wait):
-                    while waiting():
-                        await self._changed()
-                return
-            await self._changed()
+        def enough() -> bool:
+            return len(self.ready) >= want or self.error is not None or self.filled >= self.N
+
+        def first() -> bool:
+            return bool(self.ready) or enough()
+
+        if self.max_wait is None:
+            await self._wait_for(enough)
+            return
+        await self._wait_for(first)
+        with anyio.move_on_after(self.max_wait):
+            await self._wait_for(enough)
+
+    async def _keep(self) -> None:
+        """Owns the steps' plain tasks (asyncio): at shutdown they are cancelled and awaited, bounded."""
+        try:
+            await self._stopping.wait()
+        finally:
+            tasks = list(self._tasks)
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                with anyio.move_on_after(self.shutdown_timeout, shield=True):
+                    await asyncio.wait(tasks)
+                left = sum(not t.done() for t in tasks)
+                if left:
+                    warn_user(
+                        f"{left} env step(s) of the barrier-free AsyncEnvPool ignored cancellation for "
+                        f"shutdown_timeout={self.shutdown_timeout}s; they were left running on the event loop",
+                        RuntimeWarning,
+                    )
 
     def _allocate(self) -> dict[Any, torch.Tensor]:
         """Frame rows: a batch and, after it, room for the steps in flight when it fills."""
@@ -227,43 +286,55 @@ class StreamRollout:
         store[WORKER] = torch.full((rows,), self.worker_id, dtype=torch.int64)
         return store
 
+    def _bind(self, store: dict[Any, torch.Tensor]) -> None:
+        """Pair each batch column with where a step's frame comes from (numpy views: per-row
+        writes through them cost a fraction of torch indexing)."""
+        pool = self.env
+        self._copies = [_pair(store[k], v) for k, v in self.pend.items()]
+        self._copies += [_pair(store[_nxt(k)], pool._obs[k]) for k in self.spec.observation]
+        self._cols = tuple(store[k].numpy() for k in (("next", "reward"), ("next", "terminated"),
+                           ("next", "truncated"), ("next", "done"), ENV_ID, TRAJ, VERSION))  # fmt: skip
+
     async def _step(self, i: int, act: Any) -> None:
-        """Env ``i``'s step, as a task of the collector: records its frame, resets the env if done."""
-        scope = anyio.CancelScope()
-        self._scopes.add(scope)
+        """Env ``i``'s step, as its own task: records its frame, resets the env if done."""
         try:
-            with scope:
-                await self._step_and_record(i, act)
+            await self._step_and_record(i, act)
         except Exception as exc:  # raised by the collector's next acollect, not in its task group
             if self.error is None:
                 self.error = exc
         finally:
-            self._scopes.discard(scope)
             self.in_flight -= 1
-            self._signal()
+            if self._until is not None:
+                self._poke()
+
+    async def _step_scoped(self, i: int, act: Any) -> None:
+        """`_step` as a task of the collector's task group (trio), cancelled by `cancel_steps`."""
+        scope = anyio.CancelScope()
+        self._scopes.add(scope)
+        try:
+            with scope:
+                await self._step(i, act)
+        finally:
+            self._scopes.discard(scope)
 
     async def _step_and_record(self, i: int, act: Any) -> None:
-        pool, store = self.env, self.store
-        assert store is not None
+        pool = self.env
         await pool._step_row(i, act)
         f = self.filled
         self.filled += 1
-        for k, v in self.pend.items():
-            store[k][f] = v[i]
-        for k in self.spec.observation:
-            store[_nxt(k)][f] = pool._obs[k][i]
-        term, trunc = bool(pool._term[i]), bool(pool._trunc[i])
-        store["next", "reward"][f] = float(pool._reward[i])
-        store["next", "terminated"][f] = term
-        store["next", "truncated"][f] = trunc
-        store["next", "done"][f] = term or trunc
-        store[ENV_ID][f], store[TRAJ][f], store[VERSION][f] = i, int(self.pend_traj[i]), int(self.pend_version[i])
+        for dst, src in self._copies:
+            dst[f] = src[i]
+        reward, term_np, trunc_np = pool._flags_np
+        term, trunc = bool(term_np[i]), bool(trunc_np[i])
+        r_col, term_col, trunc_col, done_col, env_col, traj_col, version_col = self._cols
+        r_col[f], term_col[f], trunc_col[f], done_col[f] = reward[i], term, trunc, term or trunc
+        env_col[f], traj_col[f], version_col[f] = i, self.pend_traj[i], self.pend_version[i]
         self.steps_done += 1
         if term or trunc:
             await pool._reset_row(i)
             self.traj[i] = self.counter.take_one()
-        for k in self.spec.observation:
-            self.cur[k][i] = pool._obs[k][i]
+        for dst, src in self._cur_copies:
+            dst[i] = src[i]
         self.ready.append(i)
 
     def _learn_layout(self, random: bool) -> None:
@@ -304,3 +375,11 @@ class StreamRollout:
         self.pend_version[rows] = versions[0]
         self.pend_traj[rows] = self.traj[rows]
         return {k: out[k] for k in self.spec.action}
+
+
+def _pair(dst: torch.Tensor, src: torch.Tensor) -> tuple[Any, Any]:
+    """``(dst, src)`` as numpy views where their dtypes allow (bfloat16 has none), else as tensors."""
+    try:
+        return dst.numpy(), src.numpy()
+    except TypeError:
+        return dst, src
