@@ -17,18 +17,22 @@ from typing import Any
 
 import anyio
 
+from .._core._errors import warn_user
+
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
 __all__ = ["each"]
 
 
-async def each(fn: Callable[[int], Awaitable[None]], rows: Iterable[int]) -> None:
+async def each(fn: Callable[[int], Awaitable[None]], rows: Iterable[int], grace: float = 10.0) -> None:
     """Run ``fn(i)`` for every row concurrently; a single failure is raised as itself.
 
     Several failures are raised together in a ``BaseExceptionGroup``. One env's error (say, an
     observation of the wrong shape) reads better, and is caught by ``except ValueError``, on
-    its own.
+    its own. Rows cancelled (the call was, or another row failed) get ``grace`` seconds to
+    end; under asyncio one that ignores its cancellation longer is left running, with a
+    warning, so that shutdown stays bounded.
     """
     try:
         loop = asyncio.get_running_loop()  # asyncio or uvloop; trio has none
@@ -36,11 +40,11 @@ async def each(fn: Callable[[int], Awaitable[None]], rows: Iterable[int]) -> Non
         trio = sys.modules.get("trio")  # a running trio loop has imported it
         await _each_in_group(trio.open_nursery if trio is not None else anyio.create_task_group, fn, rows)
     else:
-        await _each_asyncio(loop, fn, rows)
+        await _each_asyncio(loop, fn, rows, grace)
 
 
 async def _each_asyncio(
-    loop: asyncio.AbstractEventLoop, fn: Callable[[int], Awaitable[None]], rows: Iterable[int]
+    loop: asyncio.AbstractEventLoop, fn: Callable[[int], Awaitable[None]], rows: Iterable[int], grace: float
 ) -> None:
     tasks = [loop.create_task(fn(i)) for i in rows]  # type: ignore[arg-type]
     if not tasks:
@@ -49,13 +53,21 @@ async def _each_asyncio(
         await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
     finally:
         # Cancelled from outside, or a row failed: the others are cancelled, and awaited
-        # (shielded, so a cancel scope that keeps cancelling this task cannot cut it short).
+        # (shielded, so a cancel scope that keeps cancelling this task cannot cut it short,
+        # and bounded, so an env that swallows its cancellation cannot hang shutdown).
         pending = [t for t in tasks if not t.done()]
         if pending:
             for t in pending:
                 t.cancel()
-            with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(grace, shield=True):
                 await asyncio.wait(pending)
+            left = sum(not t.done() for t in pending)
+            if left:
+                warn_user(
+                    f"{left} env step(s) or reset(s) of an AsyncEnvPool ignored cancellation for {grace}s "
+                    "(the collector's shutdown_timeout); they were left running on the event loop",
+                    RuntimeWarning,
+                )
     errors = [t.exception() for t in tasks if not t.cancelled() and t.exception() is not None]
     _raise(errors)
 

@@ -146,6 +146,9 @@ class AsyncEnvPool(AsyncBatchedEnv):
         self._limit = None if max_concurrency is None or max_concurrency >= n else anyio.Semaphore(max_concurrency)
         self._timeout, self._on_timeout, self._on_error = step_timeout, on_timeout, on_error
         self.counters = PoolCounters()
+        #: Seconds a cancelled step or reset may take to end before it is left running (with
+        #: a warning); a collector sets it to its ``shutdown_timeout``.
+        self.cancel_grace = 10.0
 
     def _write(self, i: int, obs: Any, method: str) -> None:
         if self._row_writer is None or not self._row_writer(i, obs):
@@ -180,7 +183,7 @@ class AsyncEnvPool(AsyncBatchedEnv):
         async def one(i: int) -> None:
             await self._reset_row(i, None if seeds is None else int(seeds[i]))
 
-        await each(one, rows)
+        await each(one, rows, self.cancel_grace)
         return self._obs
 
     async def _step_one(self, i: int, act: Any) -> Any:
@@ -226,7 +229,7 @@ class AsyncEnvPool(AsyncBatchedEnv):
         async def one(i: int) -> None:
             await self._step_row(i, acts[i])
 
-        await each(one, range(len(self.envs)))
+        await each(one, range(len(self.envs)), self.cancel_grace)
         return self._obs, self._reward, self._term, self._trunc
 
     async def reset(self, mask: torch.Tensor | None = None, seeds: Sequence[int] | None = None) -> TensorDictBase:
