@@ -115,12 +115,19 @@ class Blocking(Env):
 
 
 def run_aiocollect(
-    n: int, delay: float, steps: int, batches: int, backend: str, options: dict, min_ready: int | None = None
+    n: int,
+    delay: float,
+    steps: int,
+    batches: int,
+    backend: str,
+    options: dict,
+    min_ready: int | None = None,
+    gc_freeze: bool | None = None,
 ) -> float:
     from aiocollect import AsyncEnvPool, Collector
 
     async def main() -> float:
-        pool = lambda: AsyncEnvPool([Waiting(delay) for _ in range(n)], min_ready=min_ready)  # noqa: E731
+        pool = lambda: AsyncEnvPool([Waiting(delay) for _ in range(n)], min_ready=min_ready, gc_freeze=gc_freeze)  # noqa: E731
         async with Collector(pool, frames_per_batch=n * steps, total_frames=n * steps * (batches + 1)) as c:
             start, frames = 0.0, 0
             async for b in c:
@@ -133,14 +140,14 @@ def run_aiocollect(
     return anyio.run(main, backend=backend, backend_options=options)
 
 
-def heartbeat_p99(n: int, delay: float, steps: int, batches: int, options: dict, freeze: bool) -> tuple[float, float]:
+def heartbeat_p99(
+    n: int, delay: float, steps: int, batches: int, options: dict, gc_freeze: bool | None
+) -> tuple[float, float]:
     """(frames/s, p99 gap in ms) of a 1 ms heartbeat task on the loop that collects ``n`` envs.
 
-    ``freeze``: ``gc.collect(); gc.freeze()`` first (and ``gc.unfreeze()`` after), so the
-    cyclic GC's full collections no longer scan the objects that existed before collection.
+    ``gc_freeze``: the pool's option (``None``, its default, freezes the GC at 256 envs and
+    more: the cyclic GC's full collections no longer scan the objects that existed before).
     """
-    import gc
-
     from aiocollect import AsyncEnvPool, Collector
 
     async def main() -> tuple[float, float]:
@@ -155,7 +162,7 @@ def heartbeat_p99(n: int, delay: float, steps: int, batches: int, options: dict,
                 gaps.append(now - last)
                 last = now
 
-        pool = lambda: AsyncEnvPool([Waiting(delay) for _ in range(n)])  # noqa: E731
+        pool = lambda: AsyncEnvPool([Waiting(delay) for _ in range(n)], gc_freeze=gc_freeze)  # noqa: E731
         async with anyio.create_task_group() as tg:
             tg.start_soon(heartbeat)
             start = time.perf_counter()
@@ -165,13 +172,7 @@ def heartbeat_p99(n: int, delay: float, steps: int, batches: int, options: dict,
         gaps.sort()
         return frames / (time.perf_counter() - start), gaps[int(len(gaps) * 0.99)] * 1e3
 
-    if freeze:
-        gc.collect()
-        gc.freeze()
-    try:
-        return anyio.run(main, backend="asyncio", backend_options=options)
-    finally:
-        gc.unfreeze()
+    return anyio.run(main, backend="asyncio", backend_options=options)
 
 
 def run_bare(n: int, delay: float, steps: int, batches: int) -> float:
@@ -249,6 +250,10 @@ def main() -> None:
         }
         if n <= 64:
             makers["gymnasium AsyncVectorEnv"] = partial(run_gym_async, *case)
+        else:  # the pool freezes the GC by default at this size; the bare loop does not
+            makers["aiocollect uvloop, gc_freeze=False"] = partial(
+                run_aiocollect, *case, "asyncio", uvloop, None, False
+            )
         # Rows interleaved round by round, so a slow patch of a shared machine hits them all.
         samples: dict[str, list[float]] = {name: [] for name in makers}
         for _ in range(args.rounds):
@@ -262,9 +267,9 @@ def main() -> None:
             print(f"  {name:28s} {fps:10,.0f} {overhead:21.1f} {fps / bare:8.2f}x")
             rows.append({"envs": n, "delay": delay, "row": name, "fps": fps, "overhead_us": overhead})
     print("\n1024 envs, step wait 10 ms, uvloop: a 1 ms heartbeat task on the same loop")
-    for freeze in (False, True):
-        fps, p99 = heartbeat_p99(1024, 0.01, steps, batches, uvloop, freeze)
-        name = "after gc.freeze()" if freeze else "default GC"
+    for gc_freeze in (None, False):
+        fps, p99 = heartbeat_p99(1024, 0.01, steps, batches, uvloop, gc_freeze)
+        name = "default (gc_freeze)" if gc_freeze is None else "gc_freeze=False"
         print(f"  {name:28s} {fps:10,.0f} frames/s, heartbeat p99 gap {p99:.1f} ms")
         rows.append({"envs": 1024, "delay": 0.01, "row": f"heartbeat, {name}", "fps": fps, "p99_ms": p99})
     n = 256

@@ -132,6 +132,20 @@ def _sigint_state() -> tuple[object, bool, int]:
 
 
 @pytest.fixture(autouse=True)
+def gc_not_left_frozen() -> Iterator[None]:
+    """Fail a test that leaves objects frozen out of the cyclic GC (an unclosed large AsyncEnvPool)."""
+    import gc
+
+    before = gc.get_freeze_count()
+    yield
+    after = gc.get_freeze_count()
+    if after != before:
+        gc.unfreeze()
+        pytest.fail(f"gc.get_freeze_count() went from {before} to {after}: something froze the GC and did not undo it",
+                    pytrace=False)  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
 def sigint_untouched() -> Iterator[None]:
     """Fail a test that leaves the main thread's SIGINT handler, mask or wake-up fd changed.
 

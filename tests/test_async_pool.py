@@ -352,3 +352,44 @@ async def test_a_straggler_never_holds_a_barrier_free_batch_back() -> None:
     for b in batches:
         assert b.shape == (100,)
         assert 0 not in b["collector", "env_id"].tolist()  # its step is still in flight
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("n", "gc_freeze", "frozen"), [(256, None, True), (4, None, False), (4, True, True),
+                                                        (256, False, False)])  # fmt: skip
+async def test_gc_freeze_holds_while_the_pool_runs_and_ends_with_it(
+    n: int, gc_freeze: bool | None, frozen: bool
+) -> None:
+    import gc
+
+    assert gc.get_freeze_count() == 0
+    pool = AsyncEnvPool([SleepyAsyncEnv(delay=0.0) for _ in range(n)], gc_freeze=gc_freeze)
+    seen = []
+    with anyio.fail_after(30):
+        async with Collector(lambda: pool, frames_per_batch=2 * n, total_frames=4 * n) as c:
+            async for _ in c:
+                seen.append(gc.get_freeze_count() > 0)
+    assert seen == [frozen, frozen]
+    assert gc.get_freeze_count() == 0  # undone when the pool closed
+
+
+@pytest.mark.anyio
+async def test_gc_freeze_leaves_a_freeze_of_the_process_itself_in_place() -> None:
+    import gc
+
+    gc.freeze()
+    try:
+        own = gc.get_freeze_count()
+        pool = AsyncEnvPool([SleepyAsyncEnv(delay=0.0) for _ in range(4)], gc_freeze=True)
+        with anyio.fail_after(30):
+            async with Collector(lambda: pool, frames_per_batch=8, total_frames=8) as c:
+                async for _ in c:
+                    assert gc.get_freeze_count() >= own
+        assert gc.get_freeze_count() >= own  # not unfrozen: the freeze was the process's own
+    finally:
+        gc.unfreeze()
+
+
+def test_gc_freeze_must_be_a_bool_or_none() -> None:
+    with pytest.raises(TypeError, match=r"gc_freeze must be True, False or None, got 'yes'"):
+        AsyncEnvPool([SleepyAsyncEnv(delay=0.0)], gc_freeze="yes")  # type: ignore[arg-type]

@@ -18,12 +18,16 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._core._errors import EnvTimeoutError
 from .._core._validate import check_int
+from . import _gcfreeze
 from ._base import AsyncBatchedEnv, StepArrays
 from ._gather import each
 from ._gym_spaces import Leaf, Source, flatten_space, to_gym_action, write_row
 from ._specs import EnvSpec, NestedKey
 
 __all__ = ["AsyncEnv", "AsyncEnvPool", "PoolCounters"]
+
+#: Pools at least this large freeze the garbage collector by default (``gc_freeze=None``).
+GC_FREEZE_MIN_ENVS = 256
 
 
 class AsyncEnv(Protocol):
@@ -80,6 +84,12 @@ class AsyncEnvPool(AsyncBatchedEnv):
             ``docs/async-envs.md``. ``None``: lock-step batches ``[num_envs, T]``.
         max_wait: With ``min_ready``, run the policy on the envs that are ready after this
             many seconds even if fewer than ``min_ready`` are.
+        gc_freeze: While the pool runs (from its first reset to `close`), keep Python's
+            cyclic garbage collector off the objects that existed before (``gc.freeze()``,
+            undone by the last pool to close). With a thousand envs in flight, full
+            collections otherwise stall the event loop for 150-200 ms several times a
+            second; see ``docs/async-envs.md``. ``None`` (default): on for pools of at
+            least 256 envs.
 
     Examples:
         >>> import anyio
@@ -101,6 +111,7 @@ class AsyncEnvPool(AsyncBatchedEnv):
         on_error: str = "raise",
         min_ready: int | None = None,
         max_wait: float | None = None,
+        gc_freeze: bool | None = None,
     ) -> None:
         if not envs:
             raise ValueError("AsyncEnvPool needs at least one env, got an empty sequence")
@@ -120,7 +131,11 @@ class AsyncEnvPool(AsyncBatchedEnv):
                 raise ValueError("max_wait only applies to barrier-free pools; pass min_ready= too")
             if isinstance(max_wait, bool) or not isinstance(max_wait, (int, float)) or not max_wait > 0:
                 raise ValueError(f"max_wait must be a positive number of seconds or None, got {max_wait!r}")
+        if gc_freeze is not None and not isinstance(gc_freeze, bool):
+            raise TypeError(f"gc_freeze must be True, False or None, got {gc_freeze!r}")
         self.min_ready, self.max_wait = min_ready, max_wait
+        self.gc_freeze = len(envs) >= GC_FREEZE_MIN_ENVS if gc_freeze is None else gc_freeze
+        self._gc_held = False
         self.envs = list(envs)
         first = self.envs[0]
         self._obs_leaves = flatten_space(first.observation_space, "observation", one_hot=one_hot)
@@ -178,6 +193,9 @@ class AsyncEnvPool(AsyncBatchedEnv):
         self._write(i, obs, "reset()")
 
     async def _reset_arrays(self, mask: torch.Tensor | None, seeds: Sequence[int] | None) -> dict[NestedKey, Any]:
+        if self.gc_freeze and not self._gc_held:
+            _gcfreeze.hold()
+            self._gc_held = True
         rows = range(len(self.envs)) if mask is None else mask.nonzero().flatten().tolist()
 
         async def one(i: int) -> None:
@@ -245,7 +263,10 @@ class AsyncEnvPool(AsyncBatchedEnv):
         return TensorDict(data, batch_size=self.spec.batch_size)
 
     def close(self) -> None:
-        """Call each env's synchronous ``close()`` if it has one."""
+        """Call each env's synchronous ``close()`` if it has one; end the pool's `gc_freeze`."""
+        if self._gc_held:
+            self._gc_held = False
+            _gcfreeze.release()
         for env in self.envs:
             close = getattr(env, "close", None)
             if close is not None and not _is_coro_fn(close):
