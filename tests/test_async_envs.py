@@ -58,11 +58,12 @@ async def test_heartbeat_keeps_running_during_cpu_bound_collection() -> None:
     with anyio.fail_after(30):
         async with anyio.create_task_group() as tg:
             tg.start_soon(heartbeat)
-            async with Collector(env_fn, Greedy(), frames_per_batch=800, total_frames=8000) as c:
-                async for _ in c:
-                    pass
+            async with Collector(env_fn, Greedy(), frames_per_batch=800, total_frames=-1) as c:
+                async for _ in c:  # as many batches as 200 ticks take, however fast the machine
+                    if len(gaps) >= 200:
+                        break
             done.set()
     gaps.sort()
     p99 = gaps[int(len(gaps) * 0.99)]
-    assert len(gaps) > 50
+    assert len(gaps) >= 200
     assert p99 < 0.04, f"p99 heartbeat gap {p99 * 1e3:.1f} ms"
