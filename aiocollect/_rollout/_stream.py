@@ -8,7 +8,9 @@ its own task. A frame is recorded when its step returns.
 Batch layout: a flat ``[frames_per_batch]`` batch with lock-step's keys plus
 ``("collector", "env_id")``. Frames are grouped by env (env 0's first), in time order within
 each env, so every trajectory is a contiguous run: ``split_trajectories`` (and
-``split_trajs=True``) cut them exactly, and value estimators can run on the split rows. An
+``split_trajs=True``) cut them exactly. With ``set_truncated=True`` each env's last frame in
+the batch is marked truncated (its trajectory goes on in the next batch, as in lock-step),
+so value estimators such as TorchRL's GAE can run on the flat batch or the split rows. An
 env has at most one step in flight. A batch ends as soon as it holds its frames: steps still
 in flight go on (they are tasks of the collector's task group), and their frames open the
 next batch, so a straggler never holds a batch back.
@@ -48,7 +50,6 @@ def barrier_free_rollout(
 ) -> StreamRollout:
     """The rollout of a barrier-free pool, after checking the collector's options suit it."""
     for name, value, default in (("max_frames_per_traj", cfg.max_frames_per_traj, None),
-                                 ("set_truncated", cfg.set_truncated, False),
                                  ("reset_at_each_iter", cfg.reset_at_each_iter, False)):  # fmt: skip
         if value != default:
             raise ValueError(
@@ -57,7 +58,7 @@ def barrier_free_rollout(
             )
     return StreamRollout(pool, policy, frames=cfg.frames_per_batch, traj_counter=counter, generator=generator,
                          storing_device=cfg.storing_device, stop=stop,
-                         shutdown_timeout=cfg.shutdown_timeout)  # fmt: skip
+                         shutdown_timeout=cfg.shutdown_timeout, set_truncated=cfg.set_truncated)  # fmt: skip
 
 
 class StreamRollout:
@@ -82,13 +83,14 @@ class StreamRollout:
         stop: threading.Event,
         worker_id: int = 0,
         shutdown_timeout: float = 10.0,
+        set_truncated: bool = False,
     ) -> None:
         self.env, self.policy, self.N = pool, policy, frames
         self.spec = pool.spec
         self.n = pool.spec.numel
         self.B, self.T = (), frames  # a flat batch of T frames
         self.counter, self.generator, self.storing_device = traj_counter, generator, storing_device
-        self.stop, self.worker_id = stop, worker_id
+        self.stop, self.worker_id, self.set_truncated = stop, worker_id, set_truncated
         self.min_ready, self.max_wait = pool.min_ready or 1, pool.max_wait
         self.needs_reset, self.seeds = True, None
         self.steps_done = 0
@@ -195,6 +197,14 @@ class StreamRollout:
         # Group by env, time order kept within each (a stable sort): trajectories are contiguous.
         order = torch.from_numpy(np.argsort(store[ENV_ID][:N].numpy(), kind="stable"))
         data = {k: v[:N].index_select(0, order) for k, v in store.items()}
+        if self.set_truncated:
+            # Each env's last frame in the batch ends its run here, as the batch's last step
+            # does in lock-step: value estimators then never bootstrap across two envs' runs.
+            env = data[ENV_ID]
+            last = torch.ones(N, dtype=torch.bool)
+            last[:-1] = env[1:] != env[:-1]
+            data["next", "truncated"][last] = True
+            data["next", "done"][last] = True
         extra = self.filled - N  # frames of steps that returned after the batch was full
         for v in store.values():
             v[:extra] = v[N : N + extra].clone()

@@ -19,6 +19,7 @@ import torch
 from tensordict.nn import TensorDictModule
 
 from aiocollect import (
+    AsyncEnvPool,
     DistributedCollector,
     DistributedSyncCollector,
     ReplayBuffer,
@@ -26,7 +27,7 @@ from aiocollect import (
     WorkerError,
     WorkerTimeoutError,
 )
-from aiocollect.testing import CountingEnv, FailingEnv, HangingEnv, ScriptedPolicy
+from aiocollect.testing import CountingEnv, FailingEnv, HangingEnv, ScriptedPolicy, SleepyAsyncEnv
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -80,6 +81,29 @@ async def test_sync_gathers_every_nodes_share_with_global_ids(loopback_only) -> 
     assert c.stats().frames == 120
     # A clean shutdown is a clean exit: no node ended by a signal (an abort at exit included).
     assert [c._transport._launcher.exitcode(r) for r in (1, 2)] == [0, 0]
+
+
+def pool_of_sleepy() -> AsyncEnvPool:
+    return AsyncEnvPool([SleepyAsyncEnv(delay=0.001, episode_length=5) for _ in range(8)])
+
+
+@pytest.mark.parametrize("collector_class", ["single", "sync"])
+async def test_coroutine_envs_on_nodes_run_on_each_nodes_loop(collector_class: str) -> None:
+    # "single": the node's own Collector steps the pool on the node's event loop; "sync": the
+    # node's MultiSync workers each step a pool on an event loop of their own.
+    with anyio.fail_after(90):
+        async with DistributedCollector(
+            [pool_of_sleepy] * 2, None, frames_per_batch=160, total_frames=480, sync=True,
+            collector_class=collector_class, num_workers_per_collector=2 if collector_class == "sync" else 1, **kw(),
+        ) as c:  # fmt: skip
+            batches = [b async for b in c]
+    assert sum(b.numel() for b in batches) == 480
+    for b in batches:
+        nxt, obs, done = b["next", "observation"][..., 0], b["observation"][..., 0], b["next", "done"][..., 0]
+        assert torch.equal(nxt, obs + 1)  # real transitions, every env
+        assert torch.equal(done, nxt == 5)
+    workers = set(torch.cat([b[WORKER_ID].flatten() for b in batches]).tolist())
+    assert workers == ({0, 1} if collector_class == "single" else {0, 1, 2, 3})
 
 
 @pytest.mark.parametrize("collector_class", ["sync", "async"])
