@@ -23,8 +23,8 @@ from aiocollect import RayCollector, ReplayBuffer, WorkerCrashedError, WorkerErr
 from aiocollect.testing import CountingEnv, FailingEnv, ScriptedPolicy
 
 ray = pytest.importorskip("ray")
+from _node_envs import check_envs_on_nodes  # noqa: E402
 from _ray_procs import local_ray, no_leaks  # noqa: E402, F401  (the module's Ray and its leak check)
-from _torchrl_nodes import check_torchrl_node_batches, torchrl_pendulum  # noqa: E402
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 
@@ -213,10 +213,6 @@ async def test_an_actor_ray_cannot_place_is_a_timeout_that_names_the_resources()
     assert "'num_cpus': 64" in str(info.value)
 
 
-async def test_torchrl_envs_on_nodes_keep_torchrl_keys() -> None:
-    pytest.importorskip("torchrl.envs")
-    with anyio.fail_after(90):
-        envs = [torchrl_pendulum] * 2
-        async with RayCollector(envs, None, frames_per_batch=40, total_frames=80, sync=True, **kw()) as c:
-            batches = [b async for b in c]
-    check_torchrl_node_batches(batches)
+@pytest.mark.parametrize("kind", ["torchrl", "coroutine"])
+async def test_torchrl_and_coroutine_envs_on_nodes(kind: str) -> None:
+    await check_envs_on_nodes(RayCollector, kind, **kw())

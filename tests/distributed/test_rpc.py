@@ -10,7 +10,7 @@ from functools import partial
 import anyio
 import pytest
 import torch
-from _torchrl_nodes import check_torchrl_node_batches, torchrl_pendulum
+from _node_envs import check_envs_on_nodes
 from tensordict.nn import TensorDictModule
 
 from aiocollect import RPCCollector, WorkerCrashedError, WorkerError
@@ -161,10 +161,6 @@ def test_bad_arguments_fail_before_anything_starts() -> None:
         RPCCollector([counting] * 2, frames_per_batch=10, launcher="ray", remote_configs=[{}] * 3)
 
 
-async def test_torchrl_envs_on_nodes_keep_torchrl_keys() -> None:
-    pytest.importorskip("torchrl.envs")
-    with anyio.fail_after(90):
-        envs = [torchrl_pendulum] * 2
-        async with RPCCollector(envs, None, frames_per_batch=40, total_frames=80, sync=True, **kw()) as c:
-            batches = [b async for b in c]
-    check_torchrl_node_batches(batches)
+@pytest.mark.parametrize("kind", ["torchrl", "coroutine"])
+async def test_torchrl_and_coroutine_envs_on_nodes(kind: str) -> None:
+    await check_envs_on_nodes(RPCCollector, kind, **kw())

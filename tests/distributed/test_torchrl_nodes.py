@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("torchrl.envs")
 
-from _torchrl_nodes import check_torchrl_node_batches, torchrl_pendulum
+from _node_envs import check_torchrl_node_batches, torchrl_pendulum
 from torchrl.envs import EnvCreator
 
 from aiocollect import DistributedCollector

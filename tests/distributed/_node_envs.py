@@ -1,0 +1,77 @@
+"""Envs from outside aiocollect's own protocols that every distributed collector's tests run on nodes.
+
+Each collector kind (torch.distributed, RPC, Ray) runs these on two nodes with random
+actions; every node rebuilds the env from its factory:
+
+* ``torchrl_pendulum``: a TorchRL env; the batches must carry TorchRL's keys (a
+  ``StepCounter``'s) and the collector's worker ids;
+* ``sleepy_pool``: an `AsyncEnvPool` of coroutine envs, stepped on the node's event loop;
+  the batches must hold real transitions of every env.
+
+``NODE_ENVS[kind]()`` gives ``(factory, check)``; `check_envs_on_nodes` runs one kind on a
+collector class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import pytest
+import torch
+
+__all__ = ["NODE_ENVS", "check_envs_on_nodes", "check_torchrl_node_batches", "sleepy_pool", "torchrl_pendulum"]
+
+
+def torchrl_pendulum() -> Any:
+    from torchrl.envs import GymEnv, StepCounter, TransformedEnv
+
+    return TransformedEnv(GymEnv("Pendulum-v1"), StepCounter(7))
+
+
+def check_torchrl_node_batches(batches: list[Any]) -> None:
+    """Two batches of 40 frames, each with both nodes' frames, TorchRL's keys and resets."""
+    assert [b.numel() for b in batches] == [40, 40]
+    for b in batches:
+        assert {"step_count", ("next", "step_count"), ("next", "truncated")} <= set(b.keys(True, True))
+        assert sorted(b["collector", "worker_id"].unique().tolist()) == [0, 1]
+        assert bool(b["next", "truncated"].any())  # StepCounter(7) truncates inside each node's 20 steps
+        assert bool((b["action"].abs() <= 2).all())  # random actions from the env's action spec
+
+
+def sleepy_pool() -> Any:
+    from aiocollect import AsyncEnvPool
+    from aiocollect.testing import SleepyAsyncEnv
+
+    return AsyncEnvPool([SleepyAsyncEnv(delay=0.001, episode_length=5) for _ in range(4)])
+
+
+def check_coroutine_node_batches(batches: list[Any]) -> None:
+    """Two batches of 40 frames, both nodes' in each: real transitions, episodes of 5 steps."""
+    assert [b.numel() for b in batches] == [40, 40]
+    for b in batches:
+        assert sorted(b["collector", "worker_id"].unique().tolist()) == [0, 1]
+        nxt, obs = b["next", "observation"][..., 0], b["observation"][..., 0]
+        assert torch.equal(nxt, obs + 1)
+        assert torch.equal(b["next", "done"][..., 0], nxt == 5)
+
+
+def _torchrl() -> tuple[Callable[[], Any], Callable[[list[Any]], None]]:
+    pytest.importorskip("torchrl.envs")
+    return torchrl_pendulum, check_torchrl_node_batches
+
+
+NODE_ENVS: dict[str, Callable[[], tuple[Callable[[], Any], Callable[[list[Any]], None]]]] = {
+    "torchrl": _torchrl,
+    "coroutine": lambda: (sleepy_pool, check_coroutine_node_batches),
+}
+
+
+async def check_envs_on_nodes(collector_class: Any, kind: str, **kw: Any) -> None:
+    """Two synchronous batches of 40 frames from two nodes running ``kind``'s env, checked."""
+    env, check = NODE_ENVS[kind]()
+    with anyio.fail_after(90):
+        async with collector_class([env] * 2, None, frames_per_batch=40, total_frames=80, sync=True, **kw) as c:
+            batches = [b async for b in c]
+    check(batches)
