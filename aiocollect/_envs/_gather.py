@@ -22,7 +22,7 @@ from .._core._errors import warn_user
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
-__all__ = ["each"]
+__all__ = ["cancel_and_wait", "each"]
 
 
 async def each(fn: Callable[[int], Awaitable[None]], rows: Iterable[int], grace: float = 10.0) -> None:
@@ -55,21 +55,30 @@ async def _each_asyncio(
         # Cancelled from outside, or a row failed: the others are cancelled, and awaited
         # (shielded, so a cancel scope that keeps cancelling this task cannot cut it short,
         # and bounded, so an env that swallows its cancellation cannot hang shutdown).
-        pending = [t for t in tasks if not t.done()]
-        if pending:
-            for t in pending:
-                t.cancel()
-            with anyio.move_on_after(grace, shield=True):
-                await asyncio.wait(pending)
-            left = sum(not t.done() for t in pending)
-            if left:
-                warn_user(
-                    f"{left} env step(s) or reset(s) of an AsyncEnvPool ignored cancellation for {grace}s "
-                    "(the collector's shutdown_timeout); they were left running on the event loop",
-                    RuntimeWarning,
-                )
+        await cancel_and_wait([t for t in tasks if not t.done()], grace, "env step(s) or reset(s) of an AsyncEnvPool")
     errors = [t.exception() for t in tasks if not t.cancelled() and t.exception() is not None]
     _raise(errors)
+
+
+async def cancel_and_wait(tasks: list[asyncio.Task[Any]], grace: float, what: str) -> None:
+    """Cancel plain asyncio ``tasks`` and wait for them, shielded, at most ``grace`` seconds.
+
+    One that ignores its cancellation longer is left running on the loop, with a warning that
+    says how many (``what`` names them), so that shutdown stays bounded.
+    """
+    if not tasks:
+        return
+    for t in tasks:
+        t.cancel()
+    with anyio.move_on_after(grace, shield=True):
+        await asyncio.wait(tasks)
+    left = sum(not t.done() for t in tasks)
+    if left:
+        warn_user(
+            f"{left} {what} ignored cancellation for {grace}s (the collector's shutdown_timeout); they were "
+            "left running on the event loop",
+            RuntimeWarning,
+        )
 
 
 async def _each_in_group(

@@ -27,8 +27,8 @@ import anyio
 import numpy as np
 import torch
 
-from .._core._errors import warn_user
 from .._core._seeding import TrajCounter
+from .._envs._gather import cancel_and_wait
 from .._envs._specs import ArraySpec, NestedKey
 from ._arrays import next_key as _nxt
 from ._policy import PolicyAdapter
@@ -243,7 +243,7 @@ class StreamRollout:
                 self._until = self._event = None
 
     def _poke(self) -> None:
-        if self._until is not None and self._until():
+        if self._until():  # type: ignore[misc]  # only called while acollect waits
             self._event.set()
 
     async def _wait(self, want: int) -> None:
@@ -267,19 +267,9 @@ class StreamRollout:
         try:
             await self._stopping.wait()
         finally:
-            tasks = list(self._tasks)
-            for task in tasks:
-                task.cancel()
-            if tasks:
-                with anyio.move_on_after(self.shutdown_timeout, shield=True):
-                    await asyncio.wait(tasks)
-                left = sum(not t.done() for t in tasks)
-                if left:
-                    warn_user(
-                        f"{left} env step(s) of the barrier-free AsyncEnvPool ignored cancellation for "
-                        f"shutdown_timeout={self.shutdown_timeout}s; they were left running on the event loop",
-                        RuntimeWarning,
-                    )
+            await cancel_and_wait(
+                list(self._tasks), self.shutdown_timeout, "env step(s) of a barrier-free AsyncEnvPool"
+            )
 
     def _allocate(self) -> dict[Any, torch.Tensor]:
         """Frame rows: a batch and, after it, room for the steps in flight when it fills."""
