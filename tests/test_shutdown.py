@@ -9,12 +9,16 @@ import subprocess
 import sys
 import textwrap
 import threading
+import weakref
 from pathlib import Path
 
 import anyio
+import anyio.to_thread
 import pytest
+import torch
 
 from aiocollect import Collector, SyncDataCollector
+from aiocollect._core._threads import ThreadLane
 from aiocollect.testing import CountingEnv, HangingEnv
 
 SCRIPT = textwrap.dedent(
@@ -112,7 +116,6 @@ def test_ctrl_c_at_any_point_raises_once_and_leaves_nothing_running() -> None:
         assert set(threading.enumerate()) - before == set(), at_step
 
 
-
 EXIT_SCRIPT = textwrap.dedent(
     """
     import sys, threading
@@ -159,12 +162,42 @@ def test_a_script_that_leaves_blocking_objects_open_still_exits(tmp_path: Path, 
 
 
 @pytest.mark.anyio
+@pytest.mark.all_backends
+async def test_an_idle_lane_keeps_nothing_of_its_last_call() -> None:
+    # An idle lane's thread must hold no tensor: woken after the interpreter began to
+    # finalize (the exit hook, or teardown, sends it its end), freeing one there re-takes the
+    # GIL inside torch's C++ code and the forced thread exit aborts the process (one CI run
+    # in ~20 of the 'stuck' exit script above died so).
+    lane = ThreadLane()
+    made: list[weakref.ref[torch.Tensor]] = []
+
+    def plus_one(arg: torch.Tensor) -> torch.Tensor:
+        out = arg + 1
+        made.append(weakref.ref(out))
+        return out
+
+    arg = torch.zeros(3)
+    refs = [weakref.ref(arg)]
+    out = await lane.run(plus_one, arg)
+    assert out.tolist() == [1.0, 1.0, 1.0]
+    del arg, out
+    try:
+        assert await anyio.to_thread.run_sync(lane.wait_idle_blocking, 5.0)
+        gc.collect()
+        assert [r() for r in refs + made] == [None, None]
+    finally:
+        await lane.aclose()
+
+
+@pytest.mark.anyio
 async def test_asyncio_collector_with_a_stuck_env_lets_the_loop_end() -> None:
     # The stuck step runs on a daemon thread the collector owns: leaving 'async with' warns
     # and returns within shutdown_timeout, and nothing joins that thread at exit.
     env = HangingEnv(1, hang_at=3)
     try:
-        with pytest.warns(RuntimeWarning, match=r"^the env did not finish its step and close within shutdown_timeout=0.5s"):
+        with pytest.warns(
+            RuntimeWarning, match=r"^the env did not finish its step and close within shutdown_timeout=0.5s"
+        ):
             with anyio.move_on_after(0.5):
                 async with Collector(lambda: env, frames_per_batch=2, shutdown_timeout=0.5) as c:
                     async for _ in c:

@@ -72,30 +72,44 @@ class ThreadLane:
         self._name = name
         self._busy = threading.Lock()  # held by the thread while a call runs
         self._generation = 0
-        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[Callable[[], _Pending[Any]] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
     def _serve(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            job()
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            with self._busy:
+                pending = job()
+                del job
+            pending.finish()  # after the lock: a caller that resumes finds the lane idle
+            # Drop the call's arguments and result (the last reference to an abandoned batch)
+            # now: an idle lane then holds no tensor, so a lane woken after the interpreter
+            # began to finalize frees none (freeing one re-takes the GIL inside torch's C++
+            # code, and the forced thread exit there aborts the process).
+            del pending
 
     def _submit(self, fn: Callable[..., T], args: tuple[Any, ...], *, check_stale: bool) -> _Pending[T]:
+        pending: _Pending[T] = _Pending()
+        if self._exiting:  # no new thread once the exit hook has ended this lane's
+            pending.error = _StaleCall()
+            pending.finish()
+            return pending
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
             self._thread.start()
-        pending: _Pending[T] = _Pending()
         generation, threads = self._generation, torch.get_num_threads()
 
-        def job() -> None:
-            with self._busy:
-                try:
-                    # A call whose caller was cancelled before the thread picked it up must not run.
-                    if self._exiting or (check_stale and (generation != self._generation or self.stop.is_set())):
-                        raise _StaleCall
-                    pending.value = _adopting(threads, fn, *args)
-                except BaseException as exc:
-                    pending.error = exc
-            pending.finish()
+        def job() -> _Pending[T]:
+            try:
+                # A call whose caller was cancelled before the thread picked it up must not run.
+                if self._exiting or (check_stale and (generation != self._generation or self.stop.is_set())):
+                    raise _StaleCall
+                pending.value = _adopting(threads, fn, *args)
+            except BaseException as exc:
+                pending.error = exc
+            return pending
 
         self._jobs.put(job)
         return pending
@@ -151,13 +165,19 @@ def _stop_lanes_at_exit() -> None:
     # the interpreter finalizes: a daemon thread that re-enters Python then is ended by a
     # forced unwind, which aborts the process when it crosses C++ frames. Stopping makes the
     # rollout return at its next step, and the wait for that is bounded, so exit never hangs.
+    # Idle lanes are closed and their threads joined, so that none wakes up during
+    # finalization; a lane stuck in a call is left behind at the deadline.
     lanes = list(_LANES)
+    threads = []
     for lane in lanes:
         lane._exiting = True
         lane.stop.set()
+        threads.append(lane._thread)
+        lane.close()
     deadline = time.monotonic() + _EXIT_GRACE
-    for lane in lanes:
-        lane.wait_idle_blocking(max(0.0, deadline - time.monotonic()))
+    for thread in threads:
+        if thread is not None:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class _Pending(Generic[T]):
@@ -184,4 +204,5 @@ class _Pending(Generic[T]):
         if self.error is not None:
             error, self.error = self.error, None  # no reference cycle through the traceback
             raise error
-        return self.value  # type: ignore[no-any-return]
+        value, self.value = self.value, None  # the caller owns it now, the lane keeps none
+        return value  # type: ignore[no-any-return]
