@@ -155,7 +155,7 @@ class Collector(CollectorLifecycle):
     def _build(self) -> None:
         cfg = self._cfg
         env = make_env(cfg)
-        if hasattr(env, "cancel_grace"):  # an AsyncEnvPool: cancelled steps end within shutdown_timeout
+        if isinstance(env, AsyncBatchedEnv):
             env.cancel_grace = cfg.shutdown_timeout
         try:
             self._policy.bind(env.spec, counts_steps=cfg.max_frames_per_traj is not None)

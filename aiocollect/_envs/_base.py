@@ -233,6 +233,11 @@ class AsyncBatchedEnv(_EnvBase, ABC):
         [0.0]
     """
 
+    #: Seconds a cancelled `step` or `reset` may take to end before it is left running (with a
+    #: warning). Every collector sets it to its ``shutdown_timeout``; an env that runs its own
+    #: tasks (`AsyncEnvPool`) bounds its cancellation with it.
+    cancel_grace: float = 10.0
+
     @abstractmethod
     async def reset(self, mask: torch.Tensor | None = None, seeds: Sequence[int] | None = None) -> TensorDictBase:
         """Reset the envs selected by ``mask``; see `BatchedEnv.reset`."""

@@ -161,9 +161,6 @@ class AsyncEnvPool(AsyncBatchedEnv):
         self._limit = None if max_concurrency is None or max_concurrency >= n else anyio.Semaphore(max_concurrency)
         self._timeout, self._on_timeout, self._on_error = step_timeout, on_timeout, on_error
         self.counters = PoolCounters()
-        #: Seconds a cancelled step or reset may take to end before it is left running (with
-        #: a warning); a collector sets it to its ``shutdown_timeout``.
-        self.cancel_grace = 10.0
 
     def _write(self, i: int, obs: Any, method: str) -> None:
         if self._row_writer is None or not self._row_writer(i, obs):

@@ -100,6 +100,7 @@ class _Worker:
                     "a barrier-free AsyncEnvPool (min_ready=) runs in the in-process Collector; worker "
                     "processes step their pools lock-step: drop min_ready, or collect with Collector"
                 )
+            env.cancel_grace = c.shutdown_timeout
             env = OwnLoopEnv(env)
         try:
             policy = spec.policy if spec.policy_factory is None else spec.policy_factory()
