@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -38,6 +39,7 @@ __all__ = [
     "check_no_leaks",
     "find_leaks",
     "orphans_reparented_here",
+    "run_script",
     "take_snapshot",
     "wait_for_no_leaks",
 ]
@@ -254,3 +256,86 @@ def orphans_reparented_here() -> Iterator[None]:
     finally:
         if libc is not None:
             libc.prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+#: Descendants a script run by `run_script` may leave behind: multiprocessing's resource
+#: tracker (started by every ``spawn``) exits on its own when the script's end of its pipe
+#: closes, i.e. just after the script exits.
+ALLOWED_SURVIVORS = re.compile(r"multiprocessing\.resource_tracker")
+
+
+class _DescendantRecorder:
+    """Records the command line of every descendant process, sampled in a thread.
+
+    A process that outlives the script is often a zombie by the time it is seen, when its
+    command line can no longer be read: the recorder read it while it was alive.
+    """
+
+    def __init__(self, interval: float = 0.02) -> None:
+        self.cmdlines: dict[tuple[int, float], str] = {}
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="descendant recorder", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.sample()
+
+    def sample(self) -> None:
+        for key, p in _descendants().items():
+            try:  # re-read each time: a child is briefly a copy of its parent before exec
+                self.cmdlines[key] = " ".join(p.cmdline())
+            except psutil.Error:
+                pass  # gone, or a zombie: keep the last command line read
+
+    def __enter__(self) -> _DescendantRecorder:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _descendants() -> dict[tuple[int, float], psutil.Process]:
+    out = {}
+    for p in psutil.Process().children(recursive=True):
+        try:
+            out[(p.pid, p.create_time())] = p
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def run_script(
+    args: list[str], *, timeout: float, **kwargs: object
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """Run ``args`` (a fresh interpreter, as a user runs a script) and list what it left behind.
+
+    This process is made a child subreaper (Linux) meanwhile, so a worker orphaned by the
+    script is reparented here instead of to init and is seen. Helpers that exit right after
+    the script (a worker reading its parent's EOF) get a moment to go; whatever is left then,
+    except `ALLOWED_SURVIVORS`, is killed, reaped and returned as ``"pid N: command line"``.
+    ``kwargs`` go to `subprocess.run` (output is captured as text).
+    """
+    before = _descendants()
+    with orphans_reparented_here(), _DescendantRecorder() as recorder:
+        try:
+            proc = subprocess.run(args, check=False, capture_output=True, text=True, timeout=timeout, **kwargs)  # type: ignore[call-overload]
+        finally:
+            recorder.sample()  # read what it can while the survivors still have a command line
+            survivors = {key: p for key, p in _descendants().items() if key not in before}
+            _, alive = psutil.wait_procs(list(survivors.values()), timeout=5)
+            survivors = {key: p for key, p in survivors.items() if p in alive}
+            for p in survivors.values():  # clean up (kill and reap) before reporting
+                try:
+                    p.kill()
+                except psutil.Error:
+                    pass
+            psutil.wait_procs(list(survivors.values()), timeout=5)
+    leaked = [
+        f"pid {key[0]}: {recorder.cmdlines.get(key, '(command line unknown)')[:160]}"
+        for key in survivors
+        if not ALLOWED_SURVIVORS.search(recorder.cmdlines.get(key, ""))
+    ]
+    return proc, leaked

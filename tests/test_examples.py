@@ -6,13 +6,9 @@ given on the command line, then ``final mean return ...``), and leave no process
 examples are discovered with a glob: a new example needs an entry in `TINY_ARGS`, and the test
 fails with a clear message until it has one.
 
-While an example runs, this process is made a child subreaper (Linux), so a worker process
-orphaned by the example is reparented here instead of to init, and shows up in
-``psutil.Process().children(recursive=True)`` after the run. The one process allowed to outlive
-an example is multiprocessing's resource tracker (started by every ``spawn``; it exits on its
-own when the example's end of its pipe closes, i.e. just after the example exits). It is often
-a zombie by the time it is seen, when its command line can no longer be read, so a thread
-records the command line of every descendant while the example runs.
+Examples run through ``_leaks.run_script``: this process is their child subreaper meanwhile, so
+a worker orphaned by an example is seen (and reported) instead of vanishing into init; only
+multiprocessing's resource tracker may outlive an example, for the moment it takes to notice.
 """
 
 from __future__ import annotations
@@ -22,16 +18,14 @@ import re
 import runpy
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
-import psutil
 import pytest
 
 try:  # works whether or not tests/ is a package
-    from ._leaks import orphans_reparented_here
+    from ._leaks import run_script
 except ImportError:
-    from _leaks import orphans_reparented_here
+    from _leaks import run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
@@ -54,49 +48,6 @@ NEEDS: dict[str, str] = {"torchrl_ppo.py": "torchrl"}
 #: Seconds one example may take (spawned workers alone need ~5 s to start on 2 slow cores).
 RUN_TIMEOUT = 100
 
-#: Descendants an example may leave behind (see the module docstring).
-ALLOWED_SURVIVORS = re.compile(r"multiprocessing\.resource_tracker")
-
-
-class DescendantRecorder:
-    """Records the command line of every descendant process, sampled in a thread."""
-
-    def __init__(self, interval: float = 0.02) -> None:
-        self.cmdlines: dict[tuple[int, float], str] = {}
-        self._interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="descendant recorder", daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            self.sample()
-
-    def sample(self) -> None:
-        for key, p in _children().items():
-            try:  # re-read each time: a child is briefly a copy of its parent before exec
-                self.cmdlines[key] = " ".join(p.cmdline())
-            except psutil.Error:
-                pass  # gone, or a zombie: keep the last command line read
-
-    def __enter__(self) -> DescendantRecorder:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-def _children() -> dict[tuple[int, float], psutil.Process]:
-    out = {}
-    for p in psutil.Process().children(recursive=True):
-        try:
-            out[(p.pid, p.create_time())] = p
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
 def test_every_example_has_tiny_args() -> None:
     names = {p.name for p in EXAMPLES}
     assert "ppo_cartpole.py" in names and "ppo_multisync.py" in names, f"examples not found in {ROOT / 'examples'}"
@@ -117,31 +68,7 @@ def test_example_runs_at_tiny_size(path: Path) -> None:
     args = TINY_ARGS[path.name]
     total_frames = int(args[args.index("--total-frames") + 1])
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    before = _children()
-    with orphans_reparented_here(), DescendantRecorder() as recorder:
-        try:
-            proc = subprocess.run(
-                [sys.executable, str(path), *args], check=False, capture_output=True, text=True,
-                timeout=RUN_TIMEOUT, cwd=ROOT, env=env,
-            )  # fmt: skip
-        finally:
-            recorder.sample()  # read what it can while the survivors still have a command line
-            survivors = {key: p for key, p in _children().items() if key not in before}
-            # Helpers that exit right after the script (the multiprocessing resource tracker,
-            # a worker reading its parent's EOF) get a moment to go; whatever is left is a leak.
-            _, alive = psutil.wait_procs(list(survivors.values()), timeout=5)
-            survivors = {key: p for key, p in survivors.items() if p in alive}
-            for p in survivors.values():  # clean up (kill and reap) before reporting
-                try:
-                    p.kill()
-                except psutil.Error:
-                    pass
-            psutil.wait_procs(list(survivors.values()), timeout=5)
-    leaked = [
-        f"pid {key[0]}: {recorder.cmdlines.get(key, '(command line unknown)')[:160]}"
-        for key in survivors
-        if not ALLOWED_SURVIVORS.search(recorder.cmdlines.get(key, ""))
-    ]
+    proc, leaked = run_script([sys.executable, str(path), *args], timeout=RUN_TIMEOUT, cwd=ROOT, env=env)
 
     report = f"exit code {proc.returncode}\n--- stdout ---\n{proc.stdout}\n--- stderr (tail) ---\n{proc.stderr[-3000:]}"
     assert proc.returncode == 0, report

@@ -21,6 +21,11 @@ from aiocollect import Collector, SyncDataCollector
 from aiocollect._core._threads import ThreadLane
 from aiocollect.testing import CountingEnv, HangingEnv
 
+try:  # works whether or not tests/ is a package
+    from ._leaks import run_script
+except ImportError:
+    from _leaks import run_script
+
 SCRIPT = textwrap.dedent(
     """
     import faulthandler, signal, sys
@@ -121,44 +126,55 @@ EXIT_SCRIPT = textwrap.dedent(
     import sys, threading
     import torch
     from tensordict import TensorDict
-    from aiocollect import SyncDataCollector, blocking
+    from aiocollect import MultiaSyncDataCollector, MultiSyncDataCollector, SyncDataCollector, blocking
     from aiocollect.testing import CountingEnv, HangingEnv
 
-    mode = sys.argv[1]
-    rb = blocking.ReplayBuffer(10_000, batch_size=4, min_size=8)
-    if mode == "buffer":  # a sample that waits runs through the buffer's portal thread
-        threading.Timer(0.1, rb.extend, [TensorDict(observation=torch.arange(8.0), batch_size=[8])]).start()
-        rb.sample()
-    elif mode == "background":  # collecting in the background when the script ends
-        collector = SyncDataCollector(lambda: CountingEnv(4), frames_per_batch=64, replay_buffer=rb)
-        collector.start()
-        rb.sample()
-    elif mode == "iterating":  # a blocking collector iterated by hand, never shut down
-        collector = SyncDataCollector(lambda: CountingEnv(4), frames_per_batch=64)
-        next(iter(collector))
-    elif mode == "stuck":  # the env's step never returns
-        collector = SyncDataCollector(lambda: HangingEnv(1, hang_at=3), frames_per_batch=2, shutdown_timeout=0.5)
-        it = iter(collector)
-        next(it)
-        threading.Thread(target=next, args=(it,), daemon=True).start()
-    print("leaving without closing anything", flush=True)
+    if __name__ == "__main__":  # (worker processes import this file too)
+        mode = sys.argv[1]
+        rb = blocking.ReplayBuffer(10_000, batch_size=4, min_size=8)
+        if mode == "buffer":  # a sample that waits runs through the buffer's portal thread
+            threading.Timer(0.1, rb.extend, [TensorDict(observation=torch.arange(8.0), batch_size=[8])]).start()
+            rb.sample()
+        elif mode == "background":  # collecting in the background when the script ends
+            collector = SyncDataCollector(lambda: CountingEnv(4), frames_per_batch=64, replay_buffer=rb)
+            collector.start()
+            rb.sample()
+        elif mode == "iterating":  # a blocking collector iterated by hand, never shut down
+            collector = SyncDataCollector(lambda: CountingEnv(4), frames_per_batch=64)
+            next(iter(collector))
+        elif mode == "stuck":  # the env's step never returns
+            collector = SyncDataCollector(lambda: HangingEnv(1, hang_at=3), frames_per_batch=2, shutdown_timeout=0.5)
+            it = iter(collector)
+            next(it)
+            threading.Thread(target=next, args=(it,), daemon=True).start()
+        elif mode == "workers":  # worker processes collecting when the script ends
+            collector = MultiaSyncDataCollector([lambda: CountingEnv(2)] * 2, frames_per_batch=64)
+            next(iter(collector))
+        elif mode == "workers-stuck":  # the workers' steps never return, and a call waits on them
+            collector = MultiSyncDataCollector([lambda: HangingEnv(1, hang_at=3)] * 2, frames_per_batch=4,
+                                               shutdown_timeout=0.5)
+            it = iter(collector)
+            next(it)
+            threading.Thread(target=next, args=(it,), daemon=True).start()
+        print("leaving without closing anything", flush=True)
     """
 )
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("mode", ["buffer", "background", "iterating", "stuck"])
+@pytest.mark.parametrize("mode", ["buffer", "background", "iterating", "stuck", "workers", "workers-stuck"])
 def test_a_script_that_leaves_blocking_objects_open_still_exits(tmp_path: Path, mode: str) -> None:
     # Finalizers and exit hooks must never wait on a portal (they used to deadlock in
-    # Future.result() at interpreter exit) and daemon threads must be out of torch's C++
-    # code before the interpreter finalizes (or the process aborts).
+    # Future.result() at interpreter exit), daemon threads must be out of torch's C++ code
+    # before the interpreter finalizes (or the process aborts), and worker processes must
+    # not outlive the script.
     script = tmp_path / "script.py"
     script.write_text(EXIT_SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    proc = subprocess.run([sys.executable, "-X", "faulthandler", str(script), mode], capture_output=True,
-                          text=True, env=env, timeout=60)  # fmt: skip
+    proc, leaked = run_script([sys.executable, "-X", "faulthandler", str(script), mode], timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "leaving without closing anything\n"
+    assert not leaked, "the script left processes behind:\n  " + "\n  ".join(leaked)
 
 
 @pytest.mark.anyio
