@@ -7,8 +7,9 @@ Rows, for each (number of envs, delay) case:
 * ``aiocollect <loop>``: ``Collector(lambda: AsyncEnvPool([...]))`` under asyncio, uvloop and
   trio, ``frames_per_batch`` = 16 steps of every env; frames/s over the batches after the first
   (each row is the median of ``--rounds`` runs, the rows of a case interleaved);
-* ``aiocollect uvloop, barrier-free``: the same with ``AsyncEnvPool(min_ready=n // 4)``: envs
-  step independently (flat batches of the same number of frames);
+* ``aiocollect uvloop, barrier-free`` (and ``trio, barrier-free``): the same with
+  ``AsyncEnvPool(min_ready=n // 4)``: envs step independently (flat batches of the same number
+  of frames);
 * ``bare asyncio loop``: a hand-written loop (``asyncio.gather`` of every env's step, random
   actions, results written into a preallocated array), the floor any collector adds to;
 * ``thread pool``: the same env with a blocking ``time.sleep``, one thread per env stepping
@@ -245,6 +246,7 @@ def main() -> None:
             "aiocollect uvloop": partial(run_aiocollect, *case, "asyncio", uvloop),
             "aiocollect trio": partial(run_aiocollect, *case, "trio", {}),
             "aiocollect uvloop, barrier-free": partial(run_aiocollect, *case, "asyncio", uvloop, max(1, n // 4)),
+            "aiocollect trio, barrier-free": partial(run_aiocollect, *case, "trio", {}, max(1, n // 4)),
             "bare asyncio loop": partial(run_bare, *case),
             "thread pool": partial(run_threads, *case),
         }

@@ -19,6 +19,7 @@ next batch, so a straggler never holds a batch back.
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -102,10 +103,10 @@ class StreamRollout:
         self.specs: dict[NestedKey, ArraySpec] | None = None
         self.extras: list[NestedKey] = []
         # Cross-batch state: env steps outlive their batch, so a step in flight when a batch
-        # fills goes on, and its frame opens the next one. Under asyncio (and uvloop) each
-        # step is a plain task (an anyio task costs several times more per step) owned by
-        # `_keep`, a task of the collector's task group that cancels and awaits them at
-        # shutdown; under trio each step is a task of the collector's task group (``spawn``).
+        # fills goes on, and its frame opens the next one. Each step is a plain task of the
+        # running library (an anyio task and cancel scope cost ~10x more per step), owned by
+        # a task of the collector's task group: under asyncio (and uvloop) `_keep`, which
+        # cancels and awaits them at shutdown, bounded; under trio `_keep_trio`'s nursery.
         self.spawn: Callable[..., Any] | None = None
         self.shutdown_timeout = shutdown_timeout
         self.ready: list[int] = []  # envs whose observation awaits an action
@@ -118,7 +119,7 @@ class StreamRollout:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping: Any = None  # an anyio.Event once `_keep` runs
-        self._scopes: set[anyio.CancelScope] = set()
+        self._nursery: Any = None  # trio's, once `_keep_trio` runs
         self._copies: list[tuple[Any, Any]] = []  # (batch column, per-env source) pairs, see _bind
         self._cur_copies: list[tuple[Any, Any]] = []
         self._cols: tuple[Any, ...] = ()
@@ -155,8 +156,11 @@ class StreamRollout:
             self._stopping = anyio.Event()
             try:
                 self._loop = asyncio.get_running_loop()
-            except RuntimeError:  # trio
+            except RuntimeError:  # trio, the one other library anyio runs on (imported, as it runs)
                 self._loop = None
+                opened = anyio.Event()
+                self.spawn(self._keep_trio, sys.modules["trio"], opened)
+                await opened.wait()
             else:
                 self.spawn(self._keep)
         if self.needs_reset:
@@ -192,7 +196,7 @@ class StreamRollout:
                     task.add_done_callback(self._tasks.discard)
             else:
                 for j, i in enumerate(rows):
-                    self.spawn(self._step_scoped, i, acts[j])
+                    self._nursery.start_soon(self._step, i, acts[j])
         store = self.store
         # Group by env, time order kept within each (a stable sort): trajectories are contiguous.
         order = torch.from_numpy(np.argsort(store[ENV_ID][:N].numpy(), kind="stable"))
@@ -224,8 +228,8 @@ class StreamRollout:
             self._stopping.set()
         for task in list(self._tasks):
             task.cancel()
-        for scope in list(self._scopes):
-            scope.cancel()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
 
     # -- internals ----------------------------------------------------------------------------
     def _raise_error(self) -> None:
@@ -271,6 +275,14 @@ class StreamRollout:
                 list(self._tasks), self.shutdown_timeout, "env step(s) of a barrier-free AsyncEnvPool"
             )
 
+    async def _keep_trio(self, trio: Any, opened: anyio.Event) -> None:
+        """Owns the steps under trio: a nursery, cancelled at shutdown (trio cannot leave a task behind)."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            opened.set()
+            await self._stopping.wait()
+            nursery.cancel_scope.cancel()
+
     def _allocate(self) -> dict[Any, torch.Tensor]:
         """Frame rows: a batch and, after it, room for the steps in flight when it fills."""
         rows = self.N + self.n
@@ -306,16 +318,6 @@ class StreamRollout:
             self.in_flight -= 1
             if self._until is not None:
                 self._poke()
-
-    async def _step_scoped(self, i: int, act: Any) -> None:
-        """`_step` as a task of the collector's task group (trio), cancelled by `cancel_steps`."""
-        scope = anyio.CancelScope()
-        self._scopes.add(scope)
-        try:
-            with scope:
-                await self._step(i, act)
-        finally:
-            self._scopes.discard(scope)
 
     async def _step_and_record(self, i: int, act: Any) -> None:
         pool = self.env
