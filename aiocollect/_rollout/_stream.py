@@ -12,14 +12,13 @@ each env, so every trajectory is a contiguous run: ``split_trajectories`` (and
 the batch is marked truncated (its trajectory goes on in the next batch, as in lock-step),
 so value estimators such as TorchRL's GAE can run on the flat batch or the split rows. An
 env has at most one step in flight. A batch ends as soon as it holds its frames: steps still
-in flight go on (they are tasks of the collector's task group), and their frames open the
+in flight go on (owned by a task of the collector's task group), and their frames open the
 next batch, so a straggler never holds a batch back.
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
 import threading
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -29,7 +28,7 @@ import numpy as np
 import torch
 
 from .._core._seeding import TrajCounter
-from .._envs._gather import cancel_and_wait
+from .._envs._gather import cancel_and_wait, open_task_group
 from .._envs._specs import ArraySpec, NestedKey
 from ._arrays import next_key as _nxt
 from ._policy import PolicyAdapter
@@ -106,7 +105,7 @@ class StreamRollout:
         # fills goes on, and its frame opens the next one. Each step is a plain task of the
         # running library (an anyio task and cancel scope cost ~10x more per step), owned by
         # a task of the collector's task group: under asyncio (and uvloop) `_keep`, which
-        # cancels and awaits them at shutdown, bounded; under trio `_keep_trio`'s nursery.
+        # cancels and awaits them at shutdown, bounded; under trio `_keep_group`'s nursery.
         self.spawn: Callable[..., Any] | None = None
         self.shutdown_timeout = shutdown_timeout
         self.ready: list[int] = []  # envs whose observation awaits an action
@@ -118,8 +117,8 @@ class StreamRollout:
         self._event: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._stopping: Any = None  # an anyio.Event once `_keep` runs
-        self._nursery: Any = None  # trio's, once `_keep_trio` runs
+        self._stopping: Any = None  # an anyio.Event once the steps have an owner
+        self._nursery: Any = None  # `_keep_group`'s, outside asyncio
         self._copies: list[tuple[Any, Any]] = []  # (batch column, per-env source) pairs, see _bind
         self._cur_copies: list[tuple[Any, Any]] = []
         self._cols: tuple[Any, ...] = ()
@@ -156,10 +155,10 @@ class StreamRollout:
             self._stopping = anyio.Event()
             try:
                 self._loop = asyncio.get_running_loop()
-            except RuntimeError:  # trio, the one other library anyio runs on (imported, as it runs)
+            except RuntimeError:  # trio
                 self._loop = None
                 opened = anyio.Event()
-                self.spawn(self._keep_trio, sys.modules["trio"], opened)
+                self.spawn(self._keep_group, opened)
                 await opened.wait()
             else:
                 self.spawn(self._keep)
@@ -275,9 +274,9 @@ class StreamRollout:
                 list(self._tasks), self.shutdown_timeout, "env step(s) of a barrier-free AsyncEnvPool"
             )
 
-    async def _keep_trio(self, trio: Any, opened: anyio.Event) -> None:
+    async def _keep_group(self, opened: anyio.Event) -> None:
         """Owns the steps under trio: a nursery, cancelled at shutdown (trio cannot leave a task behind)."""
-        async with trio.open_nursery() as nursery:
+        async with open_task_group() as nursery:
             self._nursery = nursery
             opened.set()
             await self._stopping.wait()
