@@ -90,9 +90,7 @@ Log = Callable[[str], None]
 
 def make_cartpole8() -> gym.vector.VectorEnv:
     """bench_collect's CartPole x8: a SyncVectorEnv of 8 in SAME_STEP autoreset mode."""
-    return gym.make_vec(
-        "CartPole-v1", ENVS, vectorization_mode="sync", vector_kwargs={"autoreset_mode": SAME_STEP}
-    )
+    return gym.make_vec("CartPole-v1", ENVS, vectorization_mode="sync", vector_kwargs={"autoreset_mode": SAME_STEP})
 
 
 def trl_cartpole8() -> Any:
@@ -100,9 +98,7 @@ def trl_cartpole8() -> Any:
     GymWrapper around a SyncVectorEnv of 8 in AutoresetMode.DISABLED."""
     from torchrl.envs import GymWrapper
 
-    env = gym.make_vec(
-        "CartPole-v1", ENVS, vectorization_mode="sync", vector_kwargs={"autoreset_mode": DISABLED}
-    )
+    env = gym.make_vec("CartPole-v1", ENVS, vectorization_mode="sync", vector_kwargs={"autoreset_mode": DISABLED})
     return GymWrapper(env, categorical_action_encoding=True)
 
 
@@ -517,9 +513,7 @@ class Window:
         return fps, self.steps / span
 
 
-def window(
-    frames: Callable[[], int], seconds: float, step: Callable[[], Any] | None
-) -> tuple[float, float]:
+def window(frames: Callable[[], int], seconds: float, step: Callable[[], Any] | None) -> tuple[float, float]:
     w = Window(frames)
     while w.now < w.t0 + seconds:
         if step is None:
@@ -656,9 +650,7 @@ def aio_async_run(policy: nn.Module, seconds: float) -> BgRun:
         frames = functools.partial(_aio_frames, rb)
         t0 = time.perf_counter()
         try:
-            c = aiocollect.Collector(
-                make_cartpole8, policy, frames_per_batch=FPB, total_frames=-1, replay_buffer=rb
-            )
+            c = aiocollect.Collector(make_cartpole8, policy, frames_per_batch=FPB, total_frames=-1, replay_buffer=rb)
             async with c:
                 c.start()
                 first = await _await_frames(frames, 1, t0, "first write")
@@ -723,9 +715,7 @@ def leftovers(baseline: set[int], timeout: float = 3.0) -> tuple[list[str], list
             return procs + threads, helpers
 
 
-def run_bg_rows(
-    rows: list[BgRow], repeats: int, seconds: float, baseline: set[int], log: Log
-) -> list[str]:
+def run_bg_rows(rows: list[BgRow], repeats: int, seconds: float, baseline: set[int], log: Log) -> list[str]:
     """Time the rows round robin (no warmup run: the first run of a row is its cold start).
     Returns notes on long-lived helper threads that appeared (not counted as leaks)."""
     notes: list[str] = []
@@ -771,9 +761,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         epilog="See benchmarks/README.md for what each row means.",
     )
     ap.add_argument("--quick", action="store_true", help="CI smoke run (under a minute), noisy")
-    ap.add_argument(
-        "--repeats", type=int, default=None, help="timed runs per buffer row (default 5, quick 2)"
-    )
+    ap.add_argument("--repeats", type=int, default=None, help="timed runs per buffer row (default 5, quick 2)")
     ap.add_argument(
         "--target-seconds",
         type=float,
@@ -799,9 +787,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="run only this payload (repeatable)",
     )
     ap.add_argument("--no-background", action="store_true", help="skip background collection")
-    ap.add_argument(
-        "--no-multiprocess", action="store_true", help="skip the multi-process background rows"
-    )
+    ap.add_argument("--no-multiprocess", action="store_true", help="skip the multi-process background rows")
     ap.add_argument("--no-torchrl", action="store_true", help="skip the TorchRL rows")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     ap.add_argument("--strict", action="store_true", help="exit with status 1 if a target FAILs")

@@ -55,9 +55,7 @@ TARGETS = {"bare_ratio": 0.85, "torchrl_ratio": 5.0, "first_batch_ms": 500.0}
 
 
 def _mlp(n_in: int, n_out: int) -> nn.Sequential:
-    return nn.Sequential(
-        nn.Linear(n_in, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, n_out)
-    )
+    return nn.Sequential(nn.Linear(n_in, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, n_out))
 
 
 class DiscretePolicy(nn.Module):
@@ -87,13 +85,9 @@ NEXT_STEP = gym.vector.AutoresetMode.NEXT_STEP
 DISABLED = gym.vector.AutoresetMode.DISABLED
 
 
-def vec_fn(
-    env_id: str, n: int, mode: gym.vector.AutoresetMode
-) -> Callable[[], gym.vector.VectorEnv]:
+def vec_fn(env_id: str, n: int, mode: gym.vector.AutoresetMode) -> Callable[[], gym.vector.VectorEnv]:
     def make() -> gym.vector.VectorEnv:
-        return gym.make_vec(
-            env_id, n, vectorization_mode="sync", vector_kwargs={"autoreset_mode": mode}
-        )
+        return gym.make_vec(env_id, n, vectorization_mode="sync", vector_kwargs={"autoreset_mode": mode})
 
     return make
 
@@ -121,9 +115,7 @@ def make_workloads() -> list[Workload]:
     torch.manual_seed(0)  # same MLP weights on every run
     return [
         Workload("cartpole1", "CartPole-v1 x1", "CartPole-v1", 0, DiscretePolicy(4, 2)),
-        Workload(
-            "cartpole8", "CartPole-v1 x8 (SyncVectorEnv)", "CartPole-v1", 8, DiscretePolicy(4, 2)
-        ),
+        Workload("cartpole8", "CartPole-v1 x8 (SyncVectorEnv)", "CartPole-v1", 8, DiscretePolicy(4, 2)),
         Workload("pendulum1", "Pendulum-v1 x1", "Pendulum-v1", 0, ContinuousPolicy(3, 1)),
     ]
 
@@ -156,9 +148,7 @@ def bare_loop(
         n = B[0] if B else 1
         T = math.ceil(fpb / n)
         discrete = isinstance(act_space, gym.spaces.Discrete)
-        act_shape, act_dtype = (
-            ((), torch.int64) if discrete else (tuple(act_space.shape), torch.float32)
-        )
+        act_shape, act_dtype = ((), torch.int64) if discrete else (tuple(act_space.shape), torch.float32)
         obs_b = torch.zeros((T, *B, *obs_space.shape), dtype=torch.float32)
         next_b = torch.zeros_like(obs_b)
         act_b = torch.zeros((T, *B, *act_shape), dtype=act_dtype)
@@ -223,12 +213,8 @@ def bare_loop(
 # --------------------------------------------------------------------------------------------
 
 
-def aio_blocking(
-    env_fn: Callable[[], Any], policy: nn.Module, fpb: int, total: int
-) -> Iterator[Any]:
-    with aiocollect.SyncDataCollector(
-        env_fn, policy, frames_per_batch=fpb, total_frames=total
-    ) as c:
+def aio_blocking(env_fn: Callable[[], Any], policy: nn.Module, fpb: int, total: int) -> Iterator[Any]:
+    with aiocollect.SyncDataCollector(env_fn, policy, frames_per_batch=fpb, total_frames=total) as c:
         yield from c
 
 
@@ -274,9 +260,7 @@ def measure_iter(make: Callable[[], Iterator[Any]]) -> Run:
     )
 
 
-async def _aio_async_run(
-    env_fn: Callable[[], Any], policy: nn.Module, fpb: int, total: int, heartbeat: bool
-) -> Run:
+async def _aio_async_run(env_fn: Callable[[], Any], policy: nn.Module, fpb: int, total: int, heartbeat: bool) -> Run:
     gaps: list[float] = []
     done = False
 
@@ -295,9 +279,7 @@ async def _aio_async_run(
         t0 = time.perf_counter()
         t_first = t_last = c_first = c_last = 0.0
         frames = first_frames = dones = 0
-        async with aiocollect.Collector(
-            env_fn, policy, frames_per_batch=fpb, total_frames=total
-        ) as c:
+        async with aiocollect.Collector(env_fn, policy, frames_per_batch=fpb, total_frames=total) as c:
             async for batch in c:
                 t_last, c_last = time.perf_counter(), time.process_time()
                 if not frames:
@@ -348,9 +330,7 @@ def verify_same_data(w: Workload, batches: int = 2) -> str | None:
         return env
 
     bare = list(bare_loop(seeded, w.policy, FPB, batches * FPB, same_step=True))
-    with aiocollect.SyncDataCollector(
-        seeded, w.policy, frames_per_batch=FPB, total_frames=batches * FPB
-    ) as c:
+    with aiocollect.SyncDataCollector(seeded, w.policy, frames_per_batch=FPB, total_frames=batches * FPB) as c:
         aio = list(c)
     if len(aio) != len(bare):
         return f"{len(aio)} aiocollect batches vs {len(bare)} bare batches"
@@ -405,13 +385,9 @@ def torchrl_env_fn(w: Workload, variant: str) -> Callable[[], Any]:
         # TorchRL's fastest in-process option: its GymWrapper around the very same gymnasium
         # SyncVectorEnv, in AutoresetMode.DISABLED (the mode TorchRL documents as preferred:
         # TorchRL resets the finished rows itself, no phantom frames).
-        return lambda: GymWrapper(
-            vec_fn(w.env_id, w.num_envs, DISABLED)(), categorical_action_encoding=True
-        )
+        return lambda: GymWrapper(vec_fn(w.env_id, w.num_envs, DISABLED)(), categorical_action_encoding=True)
     if variant == "serial":
-        return lambda: SerialEnv(
-            w.num_envs, lambda: GymEnv(w.env_id, categorical_action_encoding=True)
-        )
+        return lambda: SerialEnv(w.num_envs, lambda: GymEnv(w.env_id, categorical_action_encoding=True))
     if variant == "num_envs":
         # GymEnv(..., num_envs=n) builds a gymnasium *AsyncVectorEnv*: n subprocesses.
         return lambda: GymEnv(w.env_id, num_envs=w.num_envs, categorical_action_encoding=True)
@@ -643,7 +619,9 @@ def run_paired(workloads: list[Workload], pairs: int, log: Callable[[str], None]
     for w in workloads:
         r = sorted(paired(w, pairs))
         q = lambda f: r[min(len(r) - 1, int(f * len(r)))]  # noqa: E731
-        log(f"| {w.title} | {statistics.median(r):.2f}x | {q(0.25):.2f}x | {q(0.75):.2f}x | {r[0]:.2f}x | {r[-1]:.2f}x |")
+        log(
+            f"| {w.title} | {statistics.median(r):.2f}x | {q(0.25):.2f}x | {q(0.75):.2f}x | {r[0]:.2f}x | {r[-1]:.2f}x |"
+        )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -718,10 +696,7 @@ def main(argv: list[str] | None = None) -> int:
         "aiocollect": aiocollect.__version__,
     }
     mode = "QUICK (async rows and TorchRL on CartPole x8 only)" if quick else "full"
-    log(
-        f"bench_collect: {mode} run, {st.repeats} timed runs/row after a warmup, "
-        f"~{st.target_s:g} s each"
-    )
+    log(f"bench_collect: {mode} run, {st.repeats} timed runs/row after a warmup, ~{st.target_s:g} s each")
     log(
         f"  {platform.platform()}, {os.cpu_count()} CPUs, "
         f"torch threads={torch.get_num_threads()}, frames_per_batch={FPB}"
@@ -748,9 +723,7 @@ def main(argv: list[str] | None = None) -> int:
             err = verify_same_data(w)
             log(f"  {w.title:<32} {'identical transitions' if err is None else 'MISMATCH: ' + err}")
             if err is not None:
-                checks.append(
-                    (f"{w.title}: bare loop and aiocollect collect identical data", False, err)
-                )
+                checks.append((f"{w.title}: bare loop and aiocollect collect identical data", False, err))
 
     rows = build_rows(workloads, quick)
     phase = time.perf_counter()
@@ -778,9 +751,7 @@ def main(argv: list[str] | None = None) -> int:
     b8 = ref("cartpole8", "bare")
     if b8 is not None:
         log("\n[3/3] event-loop responsiveness: async Collector on CartPole x8 + 1 ms heartbeat")
-        resp = responsiveness(
-            next(w for w in workloads if w.key == "cartpole8"), b8.fps, st.target_s
-        )
+        resp = responsiveness(next(w for w in workloads if w.key == "cartpole8"), b8.fps, st.target_s)
 
     # ------------------------------------------------------------------------------ results
     table: list[dict[str, Any]] = []
@@ -836,8 +807,7 @@ def main(argv: list[str] | None = None) -> int:
 
     log("\n" + "=" * 100)
     log(
-        f"RESULTS: frames/s = median of {st.repeats} timed runs after a warmup; "
-        "1st ms = median time to the first batch"
+        f"RESULTS: frames/s = median of {st.repeats} timed runs after a warmup; 1st ms = median time to the first batch"
     )
     hdr = (
         f"{'workload':<30} {'row':<46} {'frames/s':>9} {'x bare':>7} {'x TorchRL':>9} "
@@ -871,10 +841,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"  {w.title:<31} vs {trl.name.removeprefix('TorchRL ')}: " + ", ".join(parts))
 
     if resp:
-        log(
-            "\nEvent-loop responsiveness: gap between wakeups of a task doing "
-            "'await anyio.sleep(0.001)' in a loop"
-        )
+        log("\nEvent-loop responsiveness: gap between wakeups of a task doing 'await anyio.sleep(0.001)' in a loop")
         for label, v in resp.items():
             extra = f", collecting at {v['fps']:.0f} frames/s" if math.isfinite(v["fps"]) else ""
             log(
@@ -901,14 +868,10 @@ def main(argv: list[str] | None = None) -> int:
     if resp:
         md += [
             "",
-            "| event loop while the async Collector runs CartPole-v1 x8 "
-            "| p50 gap (ms) | p99 gap (ms) | max gap (ms) |",
+            "| event loop while the async Collector runs CartPole-v1 x8 | p50 gap (ms) | p99 gap (ms) | max gap (ms) |",
             "| --- | ---: | ---: | ---: |",
         ]
-        md += [
-            f"| {k} | {v['p50_ms']:.2f} | {v['p99_ms']:.2f} | {v['max_ms']:.2f} |"
-            for k, v in resp.items()
-        ]
+        md += [f"| {k} | {v['p50_ms']:.2f} | {v['p99_ms']:.2f} | {v['max_ms']:.2f} |" for k, v in resp.items()]
     md += [
         "",
         (

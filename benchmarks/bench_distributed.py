@@ -80,9 +80,7 @@ class ArgmaxMLP(nn.Module):
 
     def __init__(self, n_obs: int = 4, n_act: int = 2) -> None:
         super().__init__()
-        self.mlp = nn.Sequential(
-            nn.Linear(n_obs, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, n_act)
-        )
+        self.mlp = nn.Sequential(nn.Linear(n_obs, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, n_act))
 
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
         return self.mlp(observation).argmax(-1)
@@ -279,9 +277,7 @@ def _make_collector(cfg: dict[str, Any], policy: nn.Module) -> tuple[Any, Any]:
     return c, c.shutdown
 
 
-def child_main(
-    cfg: dict[str, Any], t_start: float, make: Any = None, find_nodes: Any = None
-) -> dict[str, Any]:
+def child_main(cfg: dict[str, Any], t_start: float, make: Any = None, find_nodes: Any = None) -> dict[str, Any]:
     """One configuration in this process. ``make(cfg, policy)`` builds the collector (default:
     this module's distributed rows) and ``find_nodes(psutil)`` lists its node processes (default:
     this process's descendants but its helpers); bench_ray_rpc.py passes its own."""
@@ -422,9 +418,7 @@ def run_process(argv: list[str], timeout: float, exit_grace: float) -> dict[str,
     exited (killed)."""
     t0 = time.perf_counter()
     err_file = tempfile.TemporaryFile(mode="w+")
-    p = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=err_file, text=True, start_new_session=True
-    )
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err_file, text=True, start_new_session=True)
     result: list[dict[str, Any]] = []
     wake = threading.Event()  # the result line arrived, or the process ended
     t_exit: list[float] = []
@@ -599,8 +593,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--repeats",
         type=int,
         default=None,
-        help="fresh processes per configuration (default 3; 1 with --quick); the median is "
-        "reported",
+        help="fresh processes per configuration (default 3; 1 with --quick); the median is reported",
     )
     ap.add_argument(
         "--workload",
@@ -637,8 +630,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--timeout",
         type=float,
         default=180.0,
-        help="seconds a configuration's process may take to report before it and its nodes "
-        "are killed (default 180)",
+        help="seconds a configuration's process may take to report before it and its nodes are killed (default 180)",
     )
     ap.add_argument(
         "--gone-timeout",
@@ -666,13 +658,7 @@ def main(argv: list[str] | None = None) -> int:
     import aiocollect  # lazy: this imports neither tensordict nor the collectors
 
     has_trl = importlib.util.find_spec("torchrl") is not None
-    trl_note = (
-        "disabled with --no-torchrl"
-        if args.no_torchrl
-        else None
-        if has_trl
-        else "torchrl is not installed"
-    )
+    trl_note = "disabled with --no-torchrl" if args.no_torchrl else None if has_trl else "torchrl is not installed"
     versions = {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -714,9 +700,7 @@ def main(argv: list[str] | None = None) -> int:
     used_ports: set[int] = set()
     ref_runs: list[float] = []
     td_ref_runs: list[float] = []
-    results: dict[tuple[str, str], list[dict[str, Any]]] = {
-        (w, k): [] for w in workloads for k in plan[w]
-    }
+    results: dict[tuple[str, str], list[dict[str, Any]]] = {(w, k): [] for w in workloads for k in plan[w]}
     n_ref = max(repeats, 3)
     log("\nfresh processes, round robin (the import reference, then every configuration)")
     for rep in range(max(repeats, n_ref)):
@@ -890,10 +874,7 @@ def main(argv: list[str] | None = None) -> int:
     log("\n".join(md))
 
     elapsed, load_end = time.perf_counter() - t_start, _loadavg()
-    log(
-        f"\ntotal time {elapsed:.1f} s; load average (1 min) {load_start:.2f} at start, "
-        f"{load_end:.2f} at end"
-    )
+    log(f"\ntotal time {elapsed:.1f} s; load average (1 min) {load_start:.2f} at start, {load_end:.2f} at end")
     if args.json:
         out = {
             "versions": versions,

@@ -58,7 +58,7 @@ import aiocollect
 # The single-process benchmark's helpers (policy, bare loop, formatting). Spawned workers
 # re-import this module, and with it this path setup, so they can import it too.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_collect as bc  # noqa: E402
+import bench_collect as bc
 
 NUM_WORKERS = 2
 CARTPOLE_ENVS = 8  # per worker
@@ -117,11 +117,7 @@ def make_cartpole8() -> gym.vector.VectorEnv:
 # AsyncVectorEnv's start method, fixed at import: importing torchrl switches the process-wide
 # default to spawn, and 16 spawned interpreters that each import torch take most of a minute
 # to start on 2 cores. fork is what a plain script on Linux gets (Python < 3.14).
-ASYNC_VEC_CONTEXT = (
-    "fork"
-    if "fork" in multiprocessing.get_all_start_methods()
-    else multiprocessing.get_start_method()
-)
+ASYNC_VEC_CONTEXT = "fork" if "fork" in multiprocessing.get_all_start_methods() else multiprocessing.get_start_method()
 
 
 def make_async_vec(env_fn: Callable[[], gym.Env], n: int) -> gym.vector.VectorEnv:
@@ -258,9 +254,7 @@ def aio_iter(
         yield from c
 
 
-async def _aio_async_run(
-    env_fn: Callable[[], Any], policy: nn.Module, fpb: int, total: int, workers: int
-) -> Run:
+async def _aio_async_run(env_fn: Callable[[], Any], policy: nn.Module, fpb: int, total: int, workers: int) -> Run:
     """The async MultiSyncCollector under anyio.run, with a 1 ms heartbeat task running from
     just before construction to the end of the ``async with`` block (teardown included)."""
     stamps: list[float] = []
@@ -340,7 +334,7 @@ def torchrl_classes() -> tuple[dict[str, tuple[type, str]], str | None]:
     """TorchRL's multi-process collector classes by role, or ({}, reason) if unavailable."""
     try:
         import torchrl.collectors as trc
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return {}, f"{type(exc).__name__}: {exc}"
     out = {}
     for role, names in _TRL_NAMES.items():
@@ -556,9 +550,7 @@ def build_rows(w: Workload, forkserver: bool, quick: bool) -> list[Row]:
     ] + extra  # fmt: skip
 
 
-def build_torchrl_rows(
-    w: Workload, classes: dict[str, tuple[type, str]], roles: list[str]
-) -> list[Row]:
+def build_torchrl_rows(w: Workload, classes: dict[str, tuple[type, str]], roles: list[str]) -> list[Row]:
     rows = []
     for role in roles:
         if role not in classes:
@@ -599,9 +591,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         epilog="See benchmarks/README.md for what each row means.",
     )
     ap.add_argument("--quick", action="store_true", help="short CI smoke run (about 1 min), noisy")
-    ap.add_argument(
-        "--repeats", type=int, default=None, help="timed runs per row (default 3; 1 with --quick)"
-    )
+    ap.add_argument("--repeats", type=int, default=None, help="timed runs per row (default 3; 1 with --quick)")
     ap.add_argument(
         "--target-seconds",
         type=float,
@@ -696,9 +686,7 @@ def main(argv: list[str] | None = None) -> int:
     if pre_children:
         log(f"  NOTE: child processes alive before the benchmark: {pre_children}")
 
-    workloads = [
-        w for w in make_workloads(args.heavy_work) if not args.workload or w.key in args.workload
-    ]
+    workloads = [w for w in make_workloads(args.heavy_work) if not args.workload or w.key in args.workload]
     titles = {w.key: w.title for w in workloads}
     rows: list[Row] = []
 
@@ -916,14 +904,10 @@ def main(argv: list[str] | None = None) -> int:
     if heart:
         md += [
             "",
-            "| event loop of the async MultiSyncCollector "
-            "| p50 gap (ms) | p99 gap (ms) | max gap (ms) |",
+            "| event loop of the async MultiSyncCollector | p50 gap (ms) | p99 gap (ms) | max gap (ms) |",
             "| --- | ---: | ---: | ---: |",
         ]
-        md += [
-            f"| {k} | {v['p50_ms']:.2f} | {v['p99_ms']:.2f} | {v['max_ms']:.2f} |"
-            for k, v in heart.items()
-        ]
+        md += [f"| {k} | {v['p50_ms']:.2f} | {v['p99_ms']:.2f} | {v['max_ms']:.2f} |" for k, v in heart.items()]
     md += [
         "",
         (

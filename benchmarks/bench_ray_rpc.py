@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  LEAK: {w} {label}: node processes outlived the collector {nodes_left}", flush=True)
             elif s["leaks"]:  # after the child exited: on the Ray rows, Ray's own agents
                 print(f"  note: {w} {label}: processes outlived the run by 5 s (killed): {s['leaks']}", flush=True)
-    print(f"\nimport floor `python -c \"{bd.REFERENCE_CMD}\"`: {ref:.2f} s (median)\n")
+    print(f'\nimport floor `python -c "{bd.REFERENCE_CMD}"`: {ref:.2f} s (median)\n')
     print("\n".join(table))
     if args.json:
         with open(args.json, "w") as f:

@@ -83,9 +83,7 @@ class ArgmaxMLP(nn.Module):
 
     def __init__(self, n_obs: int = 4, n_act: int = 2) -> None:
         super().__init__()
-        self.mlp = nn.Sequential(
-            nn.Linear(n_obs, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, n_act)
-        )
+        self.mlp = nn.Sequential(nn.Linear(n_obs, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, n_act))
 
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
         return self.mlp(observation).argmax(-1)
@@ -151,9 +149,7 @@ class StampedEnv(gym.Wrapper):
             )
         if self._steps == self._crash_step:
             try:
-                fd = os.open(
-                    os.path.join(self._dir, "crashed.json"), os.O_CREAT | os.O_EXCL | os.O_WRONLY
-                )
+                fd = os.open(os.path.join(self._dir, "crashed.json"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
             except FileExistsError:
                 pass  # another worker crashed already, or this is the restarted one
             else:
@@ -488,8 +484,7 @@ def summarize(method: str, children: list[dict[str, Any]], ref: float) -> dict[s
     news = [t["new_worker"] for t in good if "new_worker" in t]
     if news:
         s["restart_phases"] = {
-            k: _median([n[k] for n in news])
-            for k in ("proc_started", "module_imported", "env_built", "first_step")
+            k: _median([n[k] for n in news]) for k in ("proc_started", "module_imported", "env_built", "first_step")
         }
         s["restart_phases"]["next_batch"] = _median([t["crash_to_batch_s"] for t in good])
     return s
@@ -540,8 +535,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--restarts",
         type=int,
         default=None,
-        help="worker-restart trials per start method, one per fresh process (default 3; 1 with "
-        "--quick)",
+        help="worker-restart trials per start method, one per fresh process (default 3; 1 with --quick)",
     )
     ap.add_argument(
         "--probe",
@@ -631,10 +625,7 @@ def main(argv: list[str] | None = None) -> int:
                 for t in (c.get("traceback") or c.get("stderr") or "").strip().splitlines()[-15:]:
                     log(f"      {t}")
                 continue
-            msg = (
-                f"    {m:<10} imports {c['import_s']:.2f} s, first collector "
-                f"{c['first']['first_s']:.2f} s"
-            )
+            msg = f"    {m:<10} imports {c['import_s']:.2f} s, first collector {c['first']['first_s']:.2f} s"
             if c["later"]:
                 msg += ", later " + " ".join(f"{r['first_s']:.3f}" for r in c["later"])
             for t in c["restart"]:
@@ -660,9 +651,7 @@ def main(argv: list[str] | None = None) -> int:
                 probes[m] = {"error": c["error"]}
                 continue
             ph = [probe_phases(p) for p in c["probe"]]
-            mods = sorted(
-                {k for p in c["probe"] for w in p["workers"] for k, v in w["modules"].items() if v}
-            )
+            mods = sorted({k for p in c["probe"] for w in p["workers"] for k, v in w["modules"].items() if v})
             probes[m] = {"phases": ph, "worker_modules": mods, "raw": c}
             log(
                 f"    {m:<10} first {ph[0].get('first_batch', math.nan):.2f} s, second "
@@ -807,15 +796,11 @@ def main(argv: list[str] | None = None) -> int:
     phase_md: list[str] = []
     if probe and any(p and "phases" in p for p in probes.values()):
         cols = [
-            (m, i, probes[m]["phases"][i])
-            for m in methods
-            if probes.get(m) and "phases" in probes[m]
-            for i in range(2)
+            (m, i, probes[m]["phases"][i]) for m in methods if probes.get(m) and "phases" in probes[m] for i in range(2)
         ]
         heads = [f"{m} {'1st' if i == 0 else '2nd'}" for m, i, _ in cols]
         log(
-            "\nFirst-batch breakdown (probe): seconds after construction at which the slowest "
-            "worker reached each point"
+            "\nFirst-batch breakdown (probe): seconds after construction at which the slowest worker reached each point"
         )
         log(f"  {'':<42}" + "".join(f"{h:>16}" for h in heads))
         phase_md = [
@@ -831,9 +816,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"  {label:<42}" + "".join(f"{c:>16}" for c in cells))
             phase_md.append(f"| {label} | " + " | ".join(cells) + " |")
         mods_line = "; ".join(
-            f"{m}: {', '.join(probes[m]['worker_modules'])}"
-            for m in methods
-            if "phases" in probes.get(m, {})
+            f"{m}: {', '.join(probes[m]['worker_modules'])}" for m in methods if "phases" in probes.get(m, {})
         )
         log(f"  modules loaded in the workers at their first step: {mods_line}")
     restart_md: list[str] = []
@@ -868,8 +851,7 @@ def main(argv: list[str] | None = None) -> int:
     md += [f"| {label} | " + " | ".join(vals) + f" | {target} |" for label, vals, target in rows]
     md += ["", "| fresh process, wall time | s |", "| --- | ---: |"]
     md += [
-        f'| `python -c "{k}"`{" (the reference)" if k == REFERENCE_CMD else ""} | {fmt_s(v)} |'
-        for k, v in info.items()
+        f'| `python -c "{k}"`{" (the reference)" if k == REFERENCE_CMD else ""} | {fmt_s(v)} |' for k, v in info.items()
     ]
     if phase_md:
         md += ["", *phase_md]
@@ -889,10 +871,7 @@ def main(argv: list[str] | None = None) -> int:
     log("\n".join(md))
 
     elapsed, load_end = time.perf_counter() - t_start, _loadavg()
-    log(
-        f"\ntotal time {elapsed:.1f} s; load average (1 min) {load_start:.2f} at start, "
-        f"{load_end:.2f} at end"
-    )
+    log(f"\ntotal time {elapsed:.1f} s; load average (1 min) {load_start:.2f} at start, {load_end:.2f} at end")
     if args.json:
         result = {
             "versions": versions,

@@ -37,7 +37,7 @@ from aiocollect import MultiAsyncCollector, ReplayBuffer
 # ================================================================================================
 # Arguments
 # ================================================================================================
-def arg(default, help):  # noqa: A002 - mirrors argparse's keyword
+def arg(default, help):
     return field(default=default, metadata={"help": help})
 
 
@@ -227,8 +227,10 @@ async def main(args: Args) -> None:
           f"{stats.insert_wait_seconds:.1f}s; mean age of sampled frames {stats.sampled_policy_lag_mean:.1f} "
           "policy versions")  # fmt: skip
     status = f"reached target {args.target_return:g}" if mean_return >= args.target_return else "stopped"
-    print(f"{status} after {frames} frames in {elapsed:.1f}s ({frames / elapsed:.0f} frames/s; "
-          f"collection alone {collect_fps:.0f} frames/s)")
+    print(
+        f"{status} after {frames} frames in {elapsed:.1f}s ({frames / elapsed:.0f} frames/s; "
+        f"collection alone {collect_fps:.0f} frames/s)"
+    )
     print(f"final mean return over {args.eval_episodes} greedy evaluation episodes: {mean_return:.1f}")
 
 

@@ -33,7 +33,7 @@ from aiocollect import Collector
 # ================================================================================================
 # Arguments
 # ================================================================================================
-def arg(default, help):  # noqa: A002 - mirrors argparse's keyword
+def arg(default, help):
     return field(default=default, metadata={"help": help})
 
 
@@ -77,7 +77,13 @@ def parse_args() -> Args:
 # Networks: the actor gives the logits of pi(a|s), the critic gives V(s)
 # ================================================================================================
 def mlp(in_features: int, out_features: int, hidden: int, out_std: float) -> nn.Sequential:
-    layers = [nn.Linear(in_features, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(), nn.Linear(hidden, out_features)]
+    layers = [
+        nn.Linear(in_features, hidden),
+        nn.Tanh(),
+        nn.Linear(hidden, hidden),
+        nn.Tanh(),
+        nn.Linear(hidden, out_features),
+    ]
     for layer, std in zip(layers[::2], (math.sqrt(2), math.sqrt(2), out_std)):
         nn.init.orthogonal_(layer.weight, std)
         nn.init.zeros_(layer.bias)
@@ -121,7 +127,9 @@ def compute_gae(batch: TensorDict, critic: nn.Module, gamma: float, lmbda: float
 # ================================================================================================
 # PPO update: clipped surrogate objective (Schulman et al., 2017)
 # ================================================================================================
-def ppo_update(args: Args, batch: TensorDict, actor: nn.Module, critic: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+def ppo_update(
+    args: Args, batch: TensorDict, actor: nn.Module, critic: nn.Module, optimizer: torch.optim.Optimizer
+) -> dict:
     data = batch.select("observation", "action", "action_log_prob", "advantage", "value_target").reshape(-1)
     minibatch_size = max(1, data.numel() // args.num_minibatches)
     params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -182,7 +190,9 @@ async def main(args: Args) -> None:
     start = time.perf_counter()
     pbar = tqdm(total=args.total_frames, unit="frames", unit_scale=True, dynamic_ncols=True)
 
-    collector = Collector(make_env, make_policy(actor), frames_per_batch=args.frames_per_batch, total_frames=args.total_frames)
+    collector = Collector(
+        make_env, make_policy(actor), frames_per_batch=args.frames_per_batch, total_frames=args.total_frames
+    )
     collector.set_seed(args.seed)
     async with collector:
         async for batch in collector:  # [num_envs, T], collected with the current weights
@@ -209,7 +219,9 @@ async def main(args: Args) -> None:
     elapsed = time.perf_counter() - start
     reached = len(finished_returns) == args.return_window and mean_return >= args.target_return
     status = f"reached target {args.target_return:g}" if reached else "stopped"
-    print(f"{status} after {frames} frames in {elapsed:.1f}s ({frames / elapsed:.0f} frames/s; collection alone {collect_fps:.0f} frames/s)")
+    print(
+        f"{status} after {frames} frames in {elapsed:.1f}s ({frames / elapsed:.0f} frames/s; collection alone {collect_fps:.0f} frames/s)"
+    )
     print(f"final mean return over last {len(finished_returns)} episodes: {mean_return:.1f}")
 
 

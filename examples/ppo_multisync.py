@@ -35,7 +35,7 @@ from aiocollect import MultiSyncDataCollector
 # ================================================================================================
 # Arguments
 # ================================================================================================
-def arg(default, help):  # noqa: A002 - mirrors argparse's keyword
+def arg(default, help):
     return field(default=default, metadata={"help": help})
 
 
@@ -87,7 +87,13 @@ def make_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
 # Networks: the actor gives the logits of pi(a|s), the critic gives V(s)
 # ================================================================================================
 def mlp(in_features: int, out_features: int, hidden: int, out_std: float) -> nn.Sequential:
-    layers = [nn.Linear(in_features, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(), nn.Linear(hidden, out_features)]
+    layers = [
+        nn.Linear(in_features, hidden),
+        nn.Tanh(),
+        nn.Linear(hidden, hidden),
+        nn.Tanh(),
+        nn.Linear(hidden, out_features),
+    ]
     for layer, std in zip(layers[::2], (math.sqrt(2), math.sqrt(2), out_std)):
         nn.init.orthogonal_(layer.weight, std)
         nn.init.zeros_(layer.bias)
@@ -138,7 +144,9 @@ def compute_gae(batch: TensorDict, critic: nn.Module, gamma: float, lmbda: float
 # ================================================================================================
 # PPO update: clipped surrogate objective (Schulman et al., 2017)
 # ================================================================================================
-def ppo_update(args: Args, batch: TensorDict, actor: nn.Module, critic: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+def ppo_update(
+    args: Args, batch: TensorDict, actor: nn.Module, critic: nn.Module, optimizer: torch.optim.Optimizer
+) -> dict:
     data = batch.select("observation", "action", "action_log_prob", "advantage", "value_target").reshape(-1)
     minibatch_size = max(1, data.numel() // args.num_minibatches)
     params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -207,7 +215,9 @@ def main(args: Args) -> None:
         for batch in collector:  # [num_workers, num_envs, T], collected on demand with the latest weights
             # Verified weight sync: every frame of every worker was collected by the current policy.
             versions = batch["collector", "policy_version"]
-            assert (versions == policy_version).all(), f"expected policy v{policy_version}, got {versions.unique().tolist()}"
+            assert (versions == policy_version).all(), (
+                f"expected policy v{policy_version}, got {versions.unique().tolist()}"
+            )
             if args.anneal_lr:
                 optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - frames / args.total_frames)
             frames += batch.numel()
@@ -232,7 +242,9 @@ def main(args: Args) -> None:
     elapsed = time.perf_counter() - start
     reached = len(finished_returns) == args.return_window and mean_return >= args.target_return
     status = f"reached target {args.target_return:g}" if reached else "stopped"
-    print(f"{status} after {frames} frames in {elapsed:.1f}s ({frames / elapsed:.0f} frames/s; collection alone {collect_fps:.0f} frames/s)")
+    print(
+        f"{status} after {frames} frames in {elapsed:.1f}s ({frames / elapsed:.0f} frames/s; collection alone {collect_fps:.0f} frames/s)"
+    )
     print(f"final mean return over last {len(finished_returns)} episodes: {mean_return:.1f}")
 
 

@@ -103,7 +103,9 @@ async def test_start_and_iteration_rules() -> None:
             plain.start()
     rb = ReplayBuffer(100)
     c = Collector(lambda: CountingEnv(1), frames_per_batch=4, replay_buffer=rb)
-    with pytest.raises(RuntimeError, match=r"^start\(\) needs an open Collector; call it inside 'async with collector:'$"):
+    with pytest.raises(
+        RuntimeError, match=r"^start\(\) needs an open Collector; call it inside 'async with collector:'$"
+    ):
         c.start()
     async with c:
         with pytest.raises(RuntimeError, match=r"^wait_finished\(\) waits for background collection; call Collector"):
@@ -158,7 +160,9 @@ async def test_weight_updates_reach_the_background_and_the_buffer() -> None:
             written = rb.write_count
             await rb.wait_for(written + 32)
     t = rb.storage.tensors
-    versions, actions, obs = (t[k][: rb.write_count] for k in (("collector", "policy_version"), "action", "observation"))
+    versions, actions, obs = (
+        t[k][: rb.write_count] for k in (("collector", "policy_version"), "action", "observation")
+    )
     assert (versions == 1).any()
     for version, weight in ((0, 1.0), (1, -1.0)):
         rows = versions == version

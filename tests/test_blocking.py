@@ -71,7 +71,10 @@ def test_repr_names_blocking_class() -> None:
 @pytest.mark.anyio
 async def test_blocking_call_inside_event_loop_names_async_class() -> None:
     c = SyncDataCollector(lambda: CountingEnv(1), frames_per_batch=4)
-    with pytest.raises(RuntimeError, match=r"^aiocollect\.blocking\.Collector cannot be used inside a running "
-                       r"event loop; use aiocollect\.Collector with 'async with' instead$"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"^aiocollect\.blocking\.Collector cannot be used inside a running "
+        r"event loop; use aiocollect\.Collector with 'async with' instead$",
+    ):
         next(c)
     c.shutdown()

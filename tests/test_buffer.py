@@ -174,7 +174,9 @@ async def test_a_real_wait_is_counted_in_full() -> None:
 @pytest.mark.anyio
 async def test_sample_nowait_never_waits() -> None:
     rb = ReplayBuffer(100, batch_size=4, samples_per_insert=1.0, tolerance=4)
-    with pytest.raises(BufferEmptyError, match=r"^sample\(\) called on a buffer holding 0 frames .*await buffer\.wait_for\(1\) first$"):
+    with pytest.raises(
+        BufferEmptyError, match=r"^sample\(\) called on a buffer holding 0 frames .*await buffer\.wait_for\(1\) first$"
+    ):
         rb.sample_nowait()
     await rb.extend(frames(0, 4))
     rb.sample_nowait()
@@ -307,7 +309,10 @@ def assert_unchanged(rb: ReplayBuffer, twin: ReplayBuffer, holds_frames: bool) -
     """``rb`` (after a refused load) behaves exactly as ``twin`` (built the same way, never loaded into)."""
     assert (len(rb), rb.write_count, rb.storage.built) == (6, 6, True) if holds_frames else (0, 0, False)
     assert (len(rb), rb.write_count, rb.storage.built, rb.stats()) == (
-        len(twin), twin.write_count, twin.storage.built, twin.stats()
+        len(twin),
+        twin.write_count,
+        twin.storage.built,
+        twin.stats(),
     )
     if not holds_frames:
         with pytest.raises(BufferEmptyError):
@@ -571,8 +576,11 @@ def test_blocking_twin_waits_in_the_thread_and_refuses_running_loops() -> None:
             rb.sample(batch_size=4)  # fine: nothing to wait for
             rb.wait_for(50)  # would block the running loop: refused
 
-        with pytest.raises(RuntimeError, match=r"^aiocollect\.blocking\.ReplayBuffer cannot be used inside a running "
-                           r"event loop; use aiocollect\.ReplayBuffer with 'async with' instead$"):
+        with pytest.raises(
+            RuntimeError,
+            match=r"^aiocollect\.blocking\.ReplayBuffer cannot be used inside a running "
+            r"event loop; use aiocollect\.ReplayBuffer with 'async with' instead$",
+        ):
             anyio.run(misuse)
     assert repr(rb).startswith("<blocking.ReplayBuffer [closed")
 
@@ -604,7 +612,11 @@ def test_bad_arguments_are_refused_with_the_rule() -> None:
         ({"capacity": 10, "min_size": 11}, ValueError, r"^min_size \(11\) must not exceed capacity \(10\)"),
         ({"capacity": 10, "samples_per_insert": -1}, ValueError, r"^samples_per_insert must be a positive number"),
         ({"capacity": 10, "tolerance": 0}, ValueError, r"^tolerance must be a positive number of frames"),
-        ({"capacity": 10, "storage": 3}, TypeError, r"^storage must be None, 'memory', 'shared', 'memmap' or a Storage"),
+        (
+            {"capacity": 10, "storage": 3},
+            TypeError,
+            r"^storage must be None, 'memory', 'shared', 'memmap' or a Storage",
+        ),
         ({"capacity": 10, "transform": 1}, TypeError, r"^transform must be a callable"),
         ({"capacity": 10, "max_policy_lag": -1}, ValueError, r"^max_policy_lag must be an int >= 0 or None, got -1$"),
     ]

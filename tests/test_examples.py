@@ -33,10 +33,37 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 #: Command-line arguments that make each example finish in seconds (CI sizes). Every example
 #: takes ``--total-frames``; it must print "after <total-frames> frames" when it stops.
 TINY_ARGS: dict[str, list[str]] = {
-    "ppo_cartpole.py": ["--total-frames", "1024", "--num-envs", "2", "--frames-per-batch", "256", "--update-epochs", "1"],
+    "ppo_cartpole.py": [
+        "--total-frames",
+        "1024",
+        "--num-envs",
+        "2",
+        "--frames-per-batch",
+        "256",
+        "--update-epochs",
+        "1",
+    ],
     "dqn_multiasync.py": ["--total-frames", "2048", "--learning-starts", "512", "--eval-frequency", "1024"],
-    "distributed_train.py": ["--total-frames", "1024", "--num-envs", "2", "--frames-per-batch", "256", "--update-epochs", "1"],
-    "ppo_multisync.py": ["--total-frames", "1024", "--num-envs", "2", "--frames-per-batch", "256", "--update-epochs", "1"],
+    "distributed_train.py": [
+        "--total-frames",
+        "1024",
+        "--num-envs",
+        "2",
+        "--frames-per-batch",
+        "256",
+        "--update-epochs",
+        "1",
+    ],
+    "ppo_multisync.py": [
+        "--total-frames",
+        "1024",
+        "--num-envs",
+        "2",
+        "--frames-per-batch",
+        "256",
+        "--update-epochs",
+        "1",
+    ],
     "ray_train.py": ["--total-frames", "1024", "--num-envs", "2", "--frames-per-batch", "256", "--update-epochs", "1"],
     "torchrl_ppo.py": ["--total-frames", "400", "--frames-per-batch", "200", "--num-epochs", "1"],
     "tool_use_async.py": ["--total-frames", "1024", "--num-envs", "64", "--frames-per-batch", "512"],
@@ -47,6 +74,7 @@ NEEDS: dict[str, str] = {"torchrl_ppo.py": "torchrl"}
 
 #: Seconds one example may take (spawned workers alone need ~5 s to start on 2 slow cores).
 RUN_TIMEOUT = 100
+
 
 def test_every_example_has_tiny_args() -> None:
     names = {p.name for p in EXAMPLES}

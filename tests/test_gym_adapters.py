@@ -59,9 +59,7 @@ class SpaceEnv(gym.Env[Any, Any]):
     def _sample(self) -> Any:
         return self.emit(self.observation_space.sample())
 
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[Any, dict]:
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
         super().reset(seed=seed)
         self.reset_seeds.append(seed)
         self.t = 0
@@ -116,9 +114,7 @@ def _one_hot(path: tuple[Any, ...], start: int, n: int) -> Callable[[Any], torch
 
 @dataclass
 class ObsCase:
-    make: Callable[
-        [], spaces.Space[Any]
-    ]  # a fresh space per env (vector sub-envs must not share one)
+    make: Callable[[], spaces.Space[Any]]  # a fresh space per env (vector sub-envs must not share one)
     one_hot: bool
     leaves: dict[Any, Leaf]
 
@@ -166,9 +162,7 @@ OBS_CASES = {
                 "inner": spaces.Dict(
                     {
                         "a": spaces.Discrete(4, start=1),
-                        "b": spaces.Tuple(
-                            (spaces.Box(0.0, 1.0, (2,), np.float64), spaces.MultiBinary(3))
-                        ),
+                        "b": spaces.Tuple((spaces.Box(0.0, 1.0, (2,), np.float64), spaces.MultiBinary(3))),
                     }
                 ),
             }
@@ -193,9 +187,7 @@ OBS_CASES = {
         {
             ("observation", "0"): Leaf((), torch.int64, "discrete", _index((0,), 1)),
             ("observation", "1"): Leaf((2,), torch.float32, "box", _box((1,))),
-            ("observation", "2", "c"): Leaf(
-                (2,), torch.int64, "multi_discrete", _index((2, "c"), 0)
-            ),
+            ("observation", "2", "c"): Leaf((2,), torch.int64, "multi_discrete", _index((2, "c"), 0)),
         },
     ),
 }
@@ -215,9 +207,7 @@ def _single(case: ObsCase, **kw: Any) -> tuple[list[SpaceEnv], Callable[[], Batc
     return envs, make
 
 
-def _vector(
-    case: ObsCase, mode: AR, n: int = 2, **kw: Any
-) -> tuple[list[SpaceEnv], Callable[[], BatchedEnv]]:
+def _vector(case: ObsCase, mode: AR, n: int = 2, **kw: Any) -> tuple[list[SpaceEnv], Callable[[], BatchedEnv]]:
     envs: list[SpaceEnv] = []
 
     def make() -> BatchedEnv:
@@ -238,9 +228,7 @@ def _check_recorded_obs(case: ObsCase, batch: TensorDict, envs: list[SpaceEnv]) 
             assert got.dtype == got_next.dtype == leaf.dtype, key
             for i, (obs, _, nxt) in enumerate(env.transitions):
                 assert torch.equal(got[i], leaf.get(obs).to(leaf.dtype)), f"{key} row {r} frame {i}"
-                assert torch.equal(got_next[i], leaf.get(nxt).to(leaf.dtype)), (
-                    f"next {key} row {r} frame {i}"
-                )
+                assert torch.equal(got_next[i], leaf.get(nxt).to(leaf.dtype)), f"next {key} row {r} frame {i}"
 
 
 @pytest.mark.parametrize("name", list(OBS_CASES))
@@ -263,9 +251,7 @@ def test_observation_spec_vector(name: str) -> None:
     env = make()
     assert env.spec.batch_size == torch.Size([3])
     # specs stay per env (unbatched)
-    assert {k: s.shape for k, s in env.spec.observation.items()} == {
-        k: v.shape for k, v in case.leaves.items()
-    }
+    assert {k: s.shape for k, s in env.spec.observation.items()} == {k: v.shape for k, v in case.leaves.items()}
     env.close()
     assert all(e.closed for e in envs)
 
@@ -275,9 +261,7 @@ def test_spec_bounds_and_categories() -> None:
         SpaceEnv(
             spaces.Dict(
                 {
-                    "box": spaces.Box(
-                        np.array([-1.0, 0.0], np.float32), np.array([2.0, 5.0], np.float32)
-                    ),
+                    "box": spaces.Box(np.array([-1.0, 0.0], np.float32), np.array([2.0, 5.0], np.float32)),
                     "d": spaces.Discrete(7, start=4),
                     "md": spaces.MultiDiscrete([3, 5], start=[2, 2]),
                 }
@@ -358,12 +342,8 @@ async def test_observation_values_async_collector(name: str) -> None:
             torch.float32,
             id="float64_for_float32_box",
         ),
-        pytest.param(
-            spaces.Box(-1.0, 1.0, (3,), np.float32), lambda o: o.tolist(), torch.float32, id="list"
-        ),
-        pytest.param(
-            spaces.MultiBinary(4), lambda o: o.astype(bool), torch.int8, id="bool_multibinary"
-        ),
+        pytest.param(spaces.Box(-1.0, 1.0, (3,), np.float32), lambda o: o.tolist(), torch.float32, id="list"),
+        pytest.param(spaces.MultiBinary(4), lambda o: o.astype(bool), torch.int8, id="bool_multibinary"),
     ],
 )
 def test_observation_forms_are_converted(
@@ -461,9 +441,7 @@ ACT_CASES = {
         lambda a: _arr(a["action"]),
     ),
     "dict": ActCase(
-        lambda: spaces.Dict(
-            {"move": spaces.Box(-1.0, 1.0, (2,), np.float32), "fire": spaces.Discrete(3, start=1)}
-        ),
+        lambda: spaces.Dict({"move": spaces.Box(-1.0, 1.0, (2,), np.float32), "fire": spaces.Discrete(3, start=1)}),
         False,
         {
             ("action", "fire"): ((), torch.int64, "discrete"),
@@ -485,15 +463,9 @@ ACT_CASES = {
 
 def _same_action(got: Any, want: Any) -> bool:
     if isinstance(want, dict):
-        return (
-            isinstance(got, dict)
-            and got.keys() == want.keys()
-            and all(_same_action(got[k], want[k]) for k in want)
-        )
+        return isinstance(got, dict) and got.keys() == want.keys() and all(_same_action(got[k], want[k]) for k in want)
     if isinstance(want, tuple):
-        return (
-            isinstance(got, tuple) and len(got) == len(want) and all(map(_same_action, got, want))
-        )
+        return isinstance(got, tuple) and len(got) == len(want) and all(map(_same_action, got, want))
     return bool(np.array_equal(np.asarray(got), np.asarray(want)))
 
 
@@ -516,9 +488,7 @@ def test_random_actions_are_valid_and_reach_the_env(name: str, vector: bool) -> 
         envs[:] = [SpaceEnv(_plain_obs(), case.make(), seed=i) for i in range(n_rows)]
         if not vector:
             return wrap_gymnasium(envs[0], one_hot=case.one_hot)
-        return wrap_gymnasium(
-            gym.vector.SyncVectorEnv([(lambda e=e: e) for e in envs]), one_hot=case.one_hot
-        )
+        return wrap_gymnasium(gym.vector.SyncVectorEnv([(lambda e=e: e) for e in envs]), one_hot=case.one_hot)
 
     # SpaceEnv.step asserts action_space.contains(action) for every one of these actions
     with SyncDataCollector(make, frames_per_batch=n_rows * T, total_frames=2 * n_rows * T) as c:
@@ -532,26 +502,18 @@ def test_random_actions_are_valid_and_reach_the_env(name: str, vector: bool) -> 
         for i, (_, got, _) in enumerate(env.transitions):
             frame = recorded[i // T][i % T]
             want = case.to_gym({k: frame.get(k) for k in case.leaves})
-            assert _same_action(got, want), (
-                f"row {r} frame {i}: env got {got!r}, batch says {want!r}"
-            )
+            assert _same_action(got, want), f"row {r} frame {i}: env got {got!r}, batch says {want!r}"
     # the random actions are not constant
     flat = torch.cat([b.get(next(iter(case.leaves))).reshape(-1).double() for b in batches])
     assert flat.unique().numel() > 1
 
 
 def test_explicit_actions_are_mapped_back_to_gymnasium_values() -> None:
-    space = spaces.Dict(
-        {"d": spaces.Discrete(4, start=-2), "m": spaces.MultiDiscrete([3, 3], start=[5, 0])}
-    )
+    space = spaces.Dict({"d": spaces.Discrete(4, start=-2), "m": spaces.MultiDiscrete([3, 3], start=[5, 0])})
     env = SpaceEnv(_plain_obs(), space)
     wrapped = wrap_gymnasium(env, one_hot=True)
     wrapped.reset()
-    wrapped.step(
-        TensorDict(
-            {("action", "d"): F.one_hot(torch.tensor(3), 4), ("action", "m"): torch.tensor([2, 1])}
-        )
-    )
+    wrapped.step(TensorDict({("action", "d"): F.one_hot(torch.tensor(3), 4), ("action", "m"): torch.tensor([2, 1])}))
     got = env.transitions[-1][1]
     assert got["d"] == 1 and got["m"].tolist() == [7, 1]
     wrapped.close()
@@ -592,14 +554,10 @@ def test_single_reset_and_step_tensordicts() -> None:
     assert env.closed
 
 
-@pytest.mark.parametrize(
-    "mode", [AR.NEXT_STEP, AR.SAME_STEP, AR.DISABLED], ids=["next_step", "same_step", "disabled"]
-)
+@pytest.mark.parametrize("mode", [AR.NEXT_STEP, AR.SAME_STEP, AR.DISABLED], ids=["next_step", "same_step", "disabled"])
 def test_vector_reset_with_mask_resets_only_those_rows(mode: AR) -> None:
     envs = [SpaceEnv(spaces.Box(-1.0, 1.0, (2,), np.float32), length=100, seed=i) for i in range(3)]
-    wrapped = wrap_gymnasium(
-        gym.vector.SyncVectorEnv([(lambda e=e: e) for e in envs], autoreset_mode=mode)
-    )
+    wrapped = wrap_gymnasium(gym.vector.SyncVectorEnv([(lambda e=e: e) for e in envs], autoreset_mode=mode))
     td = wrapped.reset(seeds=[1, 2, 3])
     assert td.batch_size == torch.Size([3])
     assert [e.reset_seeds for e in envs] == [[1], [2], [3]]
@@ -614,14 +572,10 @@ def test_vector_reset_with_mask_resets_only_those_rows(mode: AR) -> None:
     wrapped.close()
 
 
-@pytest.mark.parametrize(
-    "mode", [AR.NEXT_STEP, AR.SAME_STEP, AR.DISABLED], ids=["next_step", "same_step", "disabled"]
-)
+@pytest.mark.parametrize("mode", [AR.NEXT_STEP, AR.SAME_STEP, AR.DISABLED], ids=["next_step", "same_step", "disabled"])
 def test_vector_step_reports_terminal_observation(mode: AR) -> None:
     envs = [SpaceEnv(spaces.Box(-1.0, 1.0, (2,), np.float32), length=k, seed=k) for k in (1, 3)]
-    wrapped = wrap_gymnasium(
-        gym.vector.SyncVectorEnv([(lambda e=e: e) for e in envs], autoreset_mode=mode)
-    )
+    wrapped = wrap_gymnasium(gym.vector.SyncVectorEnv([(lambda e=e: e) for e in envs], autoreset_mode=mode))
     wrapped.reset()
     out = wrapped.step(TensorDict(action=torch.tensor([0, 0]), batch_size=[2]))
     assert out["terminated"].tolist() == [True, False]
@@ -686,9 +640,7 @@ def test_unsupported_space_raises_type_error(obs_space: Any, act_space: Any, nam
 @pytest.mark.anyio
 async def test_unsupported_space_raises_through_the_collector() -> None:
     with pytest.raises(TypeError, match="Text"):
-        async with Collector(
-            lambda: SpaceEnv(spaces.Text(8)), frames_per_batch=4, total_frames=4
-        ) as c:
+        async with Collector(lambda: SpaceEnv(spaces.Text(8)), frames_per_batch=4, total_frames=4) as c:
             await c.__anext__()
 
 

@@ -141,9 +141,7 @@ def test_exports_claim_the_public_module(module: types.ModuleType) -> None:
         owner = obj.__module__
         # Either this module owns it, or it re-exports an object that another public
         # module owns and exports (e.g. aiocollect.SyncDataCollector).
-        if owner != module.__name__ and not (
-            owner in PUBLIC_MODULES and owner in _exporting_modules(obj)
-        ):
+        if owner != module.__name__ and not (owner in PUBLIC_MODULES and owner in _exporting_modules(obj)):
             wrong.append(f"{name}: __module__ is {owner!r}, expected {module.__name__!r}")
             continue
         target: Any = importlib.import_module(owner)
@@ -228,6 +226,6 @@ def test_multi_collectors_take_every_collector_argument(name: str) -> None:
     with pytest.raises(TypeError, match=rf"^{name}\(\) got an unexpected keyword argument 'frame_per_batch'$"):
         getattr(aiocollect, name)("CartPole-v1", frame_per_batch=8)
     with pytest.raises(TypeError, match=rf"^{name}\(\) missing required keyword-only argument: 'frames_per_batch'$"):
-        getattr(aiocollect, name)("CartPole-v1", num_workers=1) if name != "AsyncCollector" else aiocollect.AsyncCollector(
-            "CartPole-v1"
-        )
+        getattr(aiocollect, name)(
+            "CartPole-v1", num_workers=1
+        ) if name != "AsyncCollector" else aiocollect.AsyncCollector("CartPole-v1")

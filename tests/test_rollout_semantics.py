@@ -49,9 +49,7 @@ class StepEnv(gym.Env[np.ndarray, int]):
 
     metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012 - gymnasium's convention
 
-    def __init__(
-        self, length: int | tuple[int, ...] = 3, env_id: int = 0, truncate_at: int | None = None
-    ) -> None:
+    def __init__(self, length: int | tuple[int, ...] = 3, env_id: int = 0, truncate_at: int | None = None) -> None:
         self.observation_space = spaces.Box(0.0, 1e6, (3,), np.float32)
         self.action_space = spaces.Discrete(2)
         self.length, self.env_id, self.truncate_at = length, env_id, truncate_at
@@ -69,9 +67,7 @@ class StepEnv(gym.Env[np.ndarray, int]):
     def _obs(self) -> np.ndarray:
         return np.array([self.env_id, self.episode, self.t], dtype=np.float32)
 
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[np.ndarray, dict]:
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
         super().reset(seed=seed)
         self.seeds.append(seed)
         self.episode += 1
@@ -81,9 +77,7 @@ class StepEnv(gym.Env[np.ndarray, int]):
         return self._obs(), {}
 
     def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
-        assert not self.finished, (
-            f"env {self.env_id} stepped after its episode ended, without a reset"
-        )
+        assert not self.finished, f"env {self.env_id} stepped after its episode ended, without a reset"
         assert self.action_space.contains(action), f"invalid action {action!r}"
         self.t += 1
         self.steps += 1
@@ -110,23 +104,17 @@ class Setup:
         if self.mode is None:
             assert len(self.lengths) == 1
 
-    def with_lengths(
-        self, *lengths: int, truncate_at: tuple[int | None, ...] | None = None
-    ) -> Setup:
+    def with_lengths(self, *lengths: int, truncate_at: tuple[int | None, ...] | None = None) -> Setup:
         n = len(self.lengths) if self.mode is not None else 1
         assert len(lengths) == n
         return Setup(self.name, self.mode, tuple(lengths), truncate_at)
 
     def __call__(self) -> gym.Env[Any, Any] | gym.vector.VectorEnv:
         trunc = self.truncate_at or (None,) * len(self.lengths)
-        self.envs = [
-            StepEnv(k, i, tr) for i, (k, tr) in enumerate(zip(self.lengths, trunc, strict=True))
-        ]
+        self.envs = [StepEnv(k, i, tr) for i, (k, tr) in enumerate(zip(self.lengths, trunc, strict=True))]
         if self.mode is None:
             return self.envs[0]
-        return gym.vector.SyncVectorEnv(
-            [(lambda e=e: e) for e in self.envs], autoreset_mode=self.mode
-        )
+        return gym.vector.SyncVectorEnv([(lambda e=e: e) for e in self.envs], autoreset_mode=self.mode)
 
     @property
     def n_rows(self) -> int:
@@ -216,9 +204,7 @@ def check_rollout(
         real_dones = 0
         for i in range(total):
             o, n, a = obs[r, i], nxt[r, i], int(action[r, i])
-            where = (
-                f"row {r} frame {i} (batch {i // T}, t={i % T}): obs={o.tolist()} next={n.tolist()}"
-            )
+            where = f"row {r} frame {i} (batch {i // T}, t={i % T}): obs={o.tolist()} next={n.tolist()}"
             # (1) a real transition of this env row
             assert int(o[ENV]) == r and int(n[ENV]) == r, where
             assert n[STEP] == o[STEP] + 1 and n[EP] == o[EP], f"phantom frame at {where}"
@@ -229,9 +215,7 @@ def check_rollout(
             real_done = env_term or env_trunc or limit
             batch_end = set_truncated and i % T == T - 1
             assert bool(term[r, i]) == env_term, f"terminated wrong at {where}"
-            assert bool(trunc[r, i]) == (env_trunc or limit or batch_end), (
-                f"truncated wrong at {where}"
-            )
+            assert bool(trunc[r, i]) == (env_trunc or limit or batch_end), f"truncated wrong at {where}"
             assert bool(done[r, i]) == (real_done or batch_end), f"done wrong at {where}"
             if max_steps is not None:
                 assert int(R["step_count"][r, i, 0]) == int(o[STEP]), where
@@ -242,18 +226,14 @@ def check_rollout(
             real_dones += int(real_done)
             # (3) one trajectory id per (row, episode), never reused
             tid = int(traj[r, i])
-            assert owner.setdefault(tid, (r, int(o[EP]))) == (r, int(o[EP])), (
-                f"traj id {tid} reused at {where}"
-            )
+            assert owner.setdefault(tid, (r, int(o[EP]))) == (r, int(o[EP])), f"traj id {tid} reused at {where}"
             if i + 1 == total:
                 continue
             o2, tid2 = obs[r, i + 1], int(traj[r, i + 1])
             new_batch_reset = reset_each_batch and (i + 1) % T == 0
             if real_done or new_batch_reset:
                 # (2) the next frame starts from a reset observation with a new trajectory id
-                assert o2[STEP] == 0, (
-                    f"frame after {where} is not a reset observation: {o2.tolist()}"
-                )
+                assert o2[STEP] == 0, f"frame after {where} is not a reset observation: {o2.tolist()}"
                 if new_batch_reset:
                     assert o2[EP] > o[EP], where
                 else:
@@ -261,16 +241,12 @@ def check_rollout(
                 assert tid2 != tid, f"traj id did not change after {where}"
             else:
                 # (4) the trajectory goes on, across batch boundaries too
-                assert torch.equal(o2, n), (
-                    f"obs after {where} is {o2.tolist()}, not the previous next obs"
-                )
+                assert torch.equal(o2, n), f"obs after {where} is {o2.tolist()}, not the previous next obs"
                 assert tid2 == tid, f"traj id changed mid-episode after {where}"
         # The env did exactly the recorded steps, and one reset per started episode.
         assert env.steps == total, f"row {r}: env stepped {env.steps} times for {total} frames"
         if not reset_each_batch:
-            assert env.resets == 1 + real_dones, (
-                f"row {r}: {env.resets} resets for {real_dones} episode ends"
-            )
+            assert env.resets == 1 + real_dones, f"row {r}: {env.resets} resets for {real_dones} episode ends"
         counts["episodes_ended"] += real_dones
     counts["trajectories"] = len(owner)
     return counts
@@ -282,15 +258,9 @@ def check_rollout(
 TRANSITION_SETUPS = [
     *_setups(single=(3,), vector=(2, 3, 5)),
     pytest.param(Setup("single", None, (4,), (3,)), id="single-env_truncation"),
-    pytest.param(
-        Setup("next_step", AR.NEXT_STEP, (4, 3, 6), (2, None, 4)), id="next_step-env_truncation"
-    ),
-    pytest.param(
-        Setup("same_step", AR.SAME_STEP, (4, 3, 6), (2, None, 4)), id="same_step-env_truncation"
-    ),
-    pytest.param(
-        Setup("disabled", AR.DISABLED, (4, 3, 6), (2, None, 4)), id="disabled-env_truncation"
-    ),
+    pytest.param(Setup("next_step", AR.NEXT_STEP, (4, 3, 6), (2, None, 4)), id="next_step-env_truncation"),
+    pytest.param(Setup("same_step", AR.SAME_STEP, (4, 3, 6), (2, None, 4)), id="same_step-env_truncation"),
+    pytest.param(Setup("disabled", AR.DISABLED, (4, 3, 6), (2, None, 4)), id="disabled-env_truncation"),
 ]
 
 
@@ -337,11 +307,7 @@ def test_traj_ids_follow_episodes_and_are_unique(setup: Setup) -> None:
     R = rows(batches)
     traj, obs = R[("collector", "traj_ids")], R["observation"]
     # traj id <-> (row, episode) is a bijection over the whole run
-    pairs = {
-        (int(t), r, int(e))
-        for r in range(setup.n_rows)
-        for t, e in zip(traj[r], obs[r, :, EP], strict=True)
-    }
+    pairs = {(int(t), r, int(e)) for r in range(setup.n_rows) for t, e in zip(traj[r], obs[r, :, EP], strict=True)}
     assert len({p[0] for p in pairs}) == len(pairs) == len({p[1:] for p in pairs})
     # the first batch starts with distinct ids, one per env row
     first = batches[0][("collector", "traj_ids")].reshape(setup.n_rows, -1)[:, 0]
@@ -504,7 +470,10 @@ def test_frames_per_batch_rounds_up_to_env_batch() -> None:
 
 def test_total_frames_not_divisible_warns_and_rounds_up() -> None:
     setup = make_setup(None, (), single_length=3)
-    with pytest.warns(UserWarning, match=r"not divisible by frames_per_batch \(10\); the last batch will take collection to 30 frames$"):
+    with pytest.warns(
+        UserWarning,
+        match=r"not divisible by frames_per_batch \(10\); the last batch will take collection to 30 frames$",
+    ):
         collector = SyncDataCollector(setup, frames_per_batch=10, total_frames=25)
     with collector as c:
         assert len(c) == 3
@@ -603,9 +572,7 @@ def test_set_seed_mid_run_restarts_the_same_stream() -> None:
 # -- (10) heterogeneous episode lengths ------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "mode", [AR.NEXT_STEP, AR.SAME_STEP, AR.DISABLED], ids=["next_step", "same_step", "disabled"]
-)
+@pytest.mark.parametrize("mode", [AR.NEXT_STEP, AR.SAME_STEP, AR.DISABLED], ids=["next_step", "same_step", "disabled"])
 def test_sub_envs_with_different_lengths_reset_independently(mode: AR) -> None:
     lengths = (2, 3, 5)
     setup = make_setup(mode, lengths, single_length=0)
@@ -616,9 +583,7 @@ def test_sub_envs_with_different_lengths_reset_independently(mode: AR) -> None:
     for r, k in enumerate(lengths):
         # row r is done exactly every k frames: nobody else's reset touched it
         expected = torch.tensor([(i + 1) % k == 0 for i in range(total)])
-        assert torch.equal(done[r], expected), (
-            f"row {r} (length {k}) done pattern {done[r].int().tolist()}"
-        )
+        assert torch.equal(done[r], expected), f"row {r} (length {k}) done pattern {done[r].int().tolist()}"
         assert obs[r, :, STEP].tolist() == [float(i % k) for i in range(total)]
         _, lens = torch.unique_consecutive(traj[r], return_counts=True)
         assert (lens[:-1] == k).all()

@@ -109,9 +109,7 @@ def test_random_on_empty_buffer_raises() -> None:
 
 @pytest.mark.parametrize("shuffle", [True, False])
 @pytest.mark.parametrize("batch", [1, 7, 13, 64])
-def test_without_replacement_returns_each_valid_frame_once_per_epoch(
-    shuffle: bool, batch: int
-) -> None:
+def test_without_replacement_returns_each_valid_frame_once_per_epoch(shuffle: bool, batch: int) -> None:
     ctx = _holey(capacity=50, size=47)
     valid = ctx.valid.nonzero().squeeze(1)
     n = valid.numel()
@@ -295,9 +293,7 @@ def test_prioritized_weights_follow_torchrl_formula() -> None:
 
 def test_prioritized_update_priority_validation_and_details() -> None:
     sampler = _prioritized(16, [1.0] * 16)
-    with pytest.raises(
-        ValueError, match=r"^index and priority must have the same length, got 5 and 4$"
-    ):
+    with pytest.raises(ValueError, match=r"^index and priority must have the same length, got 5 and 4$"):
         sampler.update_priority(torch.arange(5), torch.ones(4))
     with pytest.raises(ValueError, match=r"^priority must be finite and >= 0, got -1\.0$"):
         sampler.update_priority(torch.arange(3), torch.tensor([1.0, -1.0, 2.0]))
@@ -343,9 +339,7 @@ def test_prioritized_state_dict_round_trip_gives_identical_samples() -> None:
     a, out_a = draw(sampler, full(300), 128, 10, seed=5)
     b, out_b = draw(restored, full(300), 128, 10, seed=5)
     assert torch.equal(a, b)
-    assert all(
-        torch.equal(x["_weight"], y["_weight"]) for (_, x), (_, y) in zip(out_a, out_b, strict=True)
-    )
+    assert all(torch.equal(x["_weight"], y["_weight"]) for (_, x), (_, y) in zip(out_a, out_b, strict=True))
     sampler.extend(torch.tensor([299]))
     restored.extend(torch.tensor([299]))
     assert torch.equal(sampler.state_dict()["priorities"], restored.state_dict()["priorities"])
@@ -378,9 +372,7 @@ def test_prioritized_raises_when_nothing_is_sampleable() -> None:
 
 
 def _runs(lengths: list[int], ids: list[int]) -> torch.Tensor:
-    return torch.cat(
-        [torch.full((n,), i, dtype=torch.int64) for n, i in zip(lengths, ids, strict=True)]
-    )
+    return torch.cat([torch.full((n,), i, dtype=torch.int64) for n, i in zip(lengths, ids, strict=True)])
 
 
 def _check_slices(index: torch.Tensor, length: int, ctx: SampleContext) -> torch.Tensor:

@@ -91,15 +91,11 @@ def _compare(reference: Split, data: TensorDict, **kwargs: object) -> TensorDict
 # -- comparison with TorchRL -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "lengths", [[3, 7, 1, 5], [1, 1, 1], [12], [4, 4, 2], [2, 9]], ids=lambda v: repr(v)
-)
+@pytest.mark.parametrize("lengths", [[3, 7, 1, 5], [1, 1, 1], [12], [4, 4, 2], [2, 9]], ids=lambda v: repr(v))
 def test_matches_torchrl_1d(torchrl_split: Split, lengths: list[int]) -> None:
     data = _collector_batch(_ids_from_lengths(lengths), names=["time"])
     out = _compare(torchrl_split, data)
-    assert out["collector", "mask"].sum(-1).tolist() == (
-        lengths if len(lengths) > 1 else [lengths[0]]
-    )
+    assert out["collector", "mask"].sum(-1).tolist() == (lengths if len(lengths) > 1 else [lengths[0]])
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -156,16 +152,12 @@ def test_matches_torchrl_done_derivation(
 def test_matches_torchrl_custom_done_key(torchrl_split: Split) -> None:
     done = torch.zeros(2, 6, 1, dtype=torch.bool)
     done[0, 2] = done[1, 0] = True
-    data = TensorDict(
-        {"obs": torch.arange(12).reshape(2, 6), ("next", "agent", "terminated"): done}, [2, 6]
-    )
+    data = TensorDict({"obs": torch.arange(12).reshape(2, 6), ("next", "agent", "terminated"): done}, [2, 6])
     _compare(torchrl_split, data, done_key=("agent", "terminated"))
 
 
 @pytest.mark.parametrize("trajectory_key", ["trajectory", ("meta", "episode")])
-def test_matches_torchrl_trajectory_key(
-    torchrl_split: Split, trajectory_key: str | tuple[str, str]
-) -> None:
+def test_matches_torchrl_trajectory_key(torchrl_split: Split, trajectory_key: str | tuple[str, str]) -> None:
     data = _collector_batch(_ids_from_lengths([2, 5, 3, 6]).reshape(2, 8))
     data.set(trajectory_key, data.get(("collector", "traj_ids")).int() + 100)
     out = _compare(torchrl_split, data, trajectory_key=trajectory_key)
@@ -175,9 +167,7 @@ def test_matches_torchrl_trajectory_key(
 
 
 def test_matches_torchrl_prefix(torchrl_split: Split) -> None:
-    data = TensorDict(
-        {"obs": torch.arange(9), ("meta", "traj_ids"): _ids_from_lengths([4, 5])}, [9]
-    )
+    data = TensorDict({"obs": torch.arange(9), ("meta", "traj_ids"): _ids_from_lengths([4, 5])}, [9])
     _compare(torchrl_split, data, prefix="meta")
 
 

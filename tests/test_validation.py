@@ -39,15 +39,35 @@ def test_total_frames_below_one_batch_is_an_error(cls: type) -> None:
 
 
 WRONG_TYPES = [
-    (MultiSyncCollector, {"num_workers": 2.0}, r"^num_workers must be a positive int when create_env_fn is a single factory, got 2\.0$"),
-    (MultiAsyncCollector, {"num_workers": "2"}, r"^num_workers must be a positive int when create_env_fn is a single factory, got '2'$"),
+    (
+        MultiSyncCollector,
+        {"num_workers": 2.0},
+        r"^num_workers must be a positive int when create_env_fn is a single factory, got 2\.0$",
+    ),
+    (
+        MultiAsyncCollector,
+        {"num_workers": "2"},
+        r"^num_workers must be a positive int when create_env_fn is a single factory, got '2'$",
+    ),
     (MultiSyncCollector, {"restart_workers": 1.5}, r"^restart_workers must be an int >= 0, got 1\.5$"),
     (MultiSyncCollector, {"num_sub_threads": "1"}, r"^num_sub_threads must be a positive int, got '1'$"),
-    (MultiSyncCollector, {"weight_sync_timeout": "60"}, r"^weight_sync_timeout must be a positive number of seconds, got '60'$"),
-    (MultiSyncCollector, {"preemptive_threshold": "0.5"}, r"^preemptive_threshold must be a float in \[0, 1\] or None, got '0\.5'$"),
+    (
+        MultiSyncCollector,
+        {"weight_sync_timeout": "60"},
+        r"^weight_sync_timeout must be a positive number of seconds, got '60'$",
+    ),
+    (
+        MultiSyncCollector,
+        {"preemptive_threshold": "0.5"},
+        r"^preemptive_threshold must be a float in \[0, 1\] or None, got '0\.5'$",
+    ),
     (Collector, {"shutdown_timeout": "10"}, r"^shutdown_timeout must be a positive number of seconds, got '10'$"),
     (Collector, {"max_queued_batches": 1.0}, r"^max_queued_batches must be an int >= 0, got 1\.0$"),
-    (Collector, {"init_random_frames": 10.0}, r"^init_random_frames must be an int >= 0 \(or -1/None for none\), got 10\.0$"),
+    (
+        Collector,
+        {"init_random_frames": 10.0},
+        r"^init_random_frames must be an int >= 0 \(or -1/None for none\), got 10\.0$",
+    ),
     (Collector, {"trajs_per_batch": 1.5}, r"^trajs_per_batch must be a positive int or None, got 1\.5$"),
 ]
 
@@ -59,9 +79,21 @@ def test_a_wrong_type_is_a_type_error(cls: type, kwargs: dict[str, Any], pattern
 
 
 WRONG_VALUES = [
-    (MultiSyncCollector, {"num_workers": 0}, r"^num_workers must be a positive int when create_env_fn is a single factory, got 0$"),
-    (MultiSyncCollector, {"preemptive_threshold": 1.5}, r"^preemptive_threshold must be a float in \[0, 1\] or None, got 1\.5$"),
-    (MultiSyncCollector, {"weight_sync_timeout": float("inf")}, r"^weight_sync_timeout must be a positive number of seconds, got inf$"),
+    (
+        MultiSyncCollector,
+        {"num_workers": 0},
+        r"^num_workers must be a positive int when create_env_fn is a single factory, got 0$",
+    ),
+    (
+        MultiSyncCollector,
+        {"preemptive_threshold": 1.5},
+        r"^preemptive_threshold must be a float in \[0, 1\] or None, got 1\.5$",
+    ),
+    (
+        MultiSyncCollector,
+        {"weight_sync_timeout": float("inf")},
+        r"^weight_sync_timeout must be a positive number of seconds, got inf$",
+    ),
 ]
 
 

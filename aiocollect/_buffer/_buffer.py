@@ -219,7 +219,9 @@ class ReplayBuffer(ReservationsMixin, InspectMixin, BufferPersistence):
         dims = td.batch_dims
         if self.storage.ndim == 2:
             if dims < 1:
-                raise ValueError("an ndim=2 buffer stores [..., time] rollouts; extend with a batch that has a time dim")
+                raise ValueError(
+                    "an ndim=2 buffer stores [..., time] rollouts; extend with a batch that has a time dim"
+                )
             row = self.storage.row_length
             if row is not None and td.shape[-1] != row:
                 raise ValueError(
@@ -322,7 +324,9 @@ class ReplayBuffer(ReservationsMixin, InspectMixin, BufferPersistence):
                 )
             if not self._sample_allowed():
                 if nowait:
-                    raise WouldBlock("sample_nowait() would wait: sampling is ahead of samples_per_insert; await sample()")
+                    raise WouldBlock(
+                        "sample_nowait() would wait: sampling is ahead of samples_per_insert; await sample()"
+                    )
                 return None  # another sampler got there first
             index, info = self.sampler.sample(self._context(), batch_size, self._generator)
             td = self.storage.gather(index)
@@ -373,7 +377,9 @@ class ReplayBuffer(ReservationsMixin, InspectMixin, BufferPersistence):
                     return td
             except BufferEmptyError:
                 # The sampler needs more than is stored (e.g. a whole slice): wait for a write.
-                waited = await self._wait(lambda w=written: self._written > w or self._error is not None or self._closed)
+                waited = await self._wait(
+                    lambda w=written: self._written > w or self._error is not None or self._closed
+                )
                 with self._lock:
                     self._sample_wait += waited
 
@@ -403,7 +409,9 @@ class ReplayBuffer(ReservationsMixin, InspectMixin, BufferPersistence):
         """Set the priorities of frames (``index`` as returned in a sample's ``"index"``)."""
         update = getattr(self.sampler, "update_priority", None)
         if update is None:
-            raise TypeError(f"update_priority() needs a PrioritizedSampler, this buffer uses {type(self.sampler).__name__}")
+            raise TypeError(
+                f"update_priority() needs a PrioritizedSampler, this buffer uses {type(self.sampler).__name__}"
+            )
         with self._lock:
             update(index, priority)
 

@@ -254,7 +254,9 @@ def _check_files(folder: str, layout: Layout, rows: int) -> None:
 def loads(rb: Buffer, path: str) -> None:
     file = os.path.join(path, "state.pt")
     if not os.path.exists(file):
-        raise FileNotFoundError(f"no saved buffer in {path!r} (state.pt is missing); pass a directory written by dumps()")
+        raise FileNotFoundError(
+            f"no saved buffer in {path!r} (state.pt is missing); pass a directory written by dumps()"
+        )
     meta = torch.load(file, weights_only=True)
     folder = os.path.join(path, "frames")
     with rb._lock:

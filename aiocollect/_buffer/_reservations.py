@@ -32,7 +32,6 @@ class Reservation:
         return int(self.index.numel())
 
 
-
 class ReservationsMixin:
     """Mixed into `ReplayBuffer` (whose state these methods use), to keep its module small."""
 
@@ -74,7 +73,11 @@ class ReservationsMixin:
         cap, start = self.storage.capacity, self._cursor
         first = min(n, cap - start)
         pieces = [(start, first)] + ([(0, n - first)] if n > first else [])
-        index = torch.cat([torch.arange(s, s + k) for s, k in pieces]) if len(pieces) > 1 else torch.arange(start, start + n)
+        index = (
+            torch.cat([torch.arange(s, s + k) for s, k in pieces])
+            if len(pieces) > 1
+            else torch.arange(start, start + n)
+        )
         self._cursor = (start + n) % cap
         self._size = cap if self._size == cap or start + n >= cap else max(self._size, start + n)
         self._invalidate(index)
@@ -127,4 +130,3 @@ class ReservationsMixin:
         with self._lock:
             self._in_flight -= reservation.n
         self._notifier.notify_all()
-

@@ -113,7 +113,9 @@ class Storage:
         got = {k: (shape, dtype) for k, shape, dtype in frame_layout(td, batch_dims)}
         for key, shape, dtype in self.layout:
             if key not in got:
-                raise ValueError(f"batch is missing the key {key!r} the buffer stores; extend with the same keys each time")
+                raise ValueError(
+                    f"batch is missing the key {key!r} the buffer stores; extend with the same keys each time"
+                )
             if got[key] != (shape, dtype):
                 raise ValueError(
                     f"batch entry {key!r} has frame shape {got[key][0]} and dtype {got[key][1]}, "
@@ -121,7 +123,9 @@ class Storage:
                 )
         extra = sorted(str(k) for k in set(got) - {k for k, _, _ in self.layout})
         if extra:
-            raise ValueError(f"batch has entries {extra} the buffer does not store; extend with the same keys each time")
+            raise ValueError(
+                f"batch has entries {extra} the buffer does not store; extend with the same keys each time"
+            )
 
     def check_layout(self, layout: Layout) -> None:
         """Raise ``ValueError`` unless frames of ``layout`` are exactly what the storage holds."""

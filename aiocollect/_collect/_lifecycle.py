@@ -66,7 +66,9 @@ class CollectorLifecycle(BackgroundMixin, BatchPipeline):
                 "extend_buffer=False writes frames into the buffer step by step, without postproc, split_trajs "
                 "or trajs_per_batch; drop those or keep extend_buffer=True"
             )
-        self._traj = None if trajs_per_batch is None else TrajectoryAssembler(trajs_per_batch, traj_format, trajs_per_write)
+        self._traj = (
+            None if trajs_per_batch is None else TrajectoryAssembler(trajs_per_batch, traj_format, trajs_per_write)
+        )
         # Raw mode: the collector hands back plain batches, and _next_item turns them into
         # trajectories or step-by-step buffer writes. Otherwise batches go to the buffer whole.
         self._raw_mode = self._traj is not None or (rb is not None and not extend_buffer)

@@ -95,8 +95,7 @@ def split_trajectories(
     if as_nested:
         if isinstance(as_nested, torch.layout) and as_nested != torch.strided:
             raise NotImplementedError(
-                f"as_nested={as_nested} is not supported; pass as_nested=True for strided "
-                "nested tensors"
+                f"as_nested={as_nested} is not supported; pass as_nested=True for strided nested tensors"
             )
         sizes = lengths.tolist()
         return flat.apply(

@@ -34,7 +34,9 @@ def check_traj_args(trajs_per_batch: Any, traj_format: Any, trajs_per_write: Any
         raise ValueError(f"traj_format must be 'padded' or 'cat', got {traj_format!r}")
     check_int("trajs_per_write", trajs_per_write, allow_none=True)
     if storage_ndim == 2:
-        raise ValueError("trajs_per_batch writes episodes as flat runs of frames; give the replay buffer ndim=1 storage")
+        raise ValueError(
+            "trajs_per_batch writes episodes as flat runs of frames; give the replay buffer ndim=1 storage"
+        )
 
 
 class TrajectoryAssembler:

@@ -108,7 +108,7 @@ class WorkerCrashedError(WorkerError):
         if during_startup:
             hint = (
                 " during startup; if the main module creates the collector at import time, "
-                "guard that code with `if __name__ == \"__main__\":`"
+                'guard that code with `if __name__ == "__main__":`'
             )
         AiocollectError.__init__(self, f"worker {worker_id} (pid {pid}) {how}{hint}")
         self.worker_id, self.pid, self.step, self.others = worker_id, pid, None, ()
@@ -170,7 +170,7 @@ class _RemoteTraceback(Exception):
         self.tb = tb
 
     def __str__(self) -> str:
-        return f"\n\"\"\"\n{self.tb}\"\"\""
+        return f'\n"""\n{self.tb}"""'
 
 
 def worker_error_from_message(worker_id: int, pid: int | None, msg: Any) -> WorkerError:

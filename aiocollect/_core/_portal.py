@@ -159,8 +159,7 @@ class Portal:
         if in_event_loop():
             blocking, async_ = self._names
             raise RuntimeError(
-                f"{blocking} cannot be used inside a running event loop; "
-                f"use {async_} with 'async with' instead"
+                f"{blocking} cannot be used inside a running event loop; use {async_} with 'async with' instead"
             )
 
     def _get(self) -> BlockingPortal:
@@ -221,7 +220,6 @@ class Portal:
             wakeup.close()
         if guard.interrupted:
             raise KeyboardInterrupt
-
 
     def stop_nowait(self) -> None:
         """Tell the portal's loop to cancel everything and end, without waiting (finalizers).

@@ -81,7 +81,9 @@ def multi_signature(init: Any) -> inspect.Signature:
     own = [p for p in inspect.signature(init).parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
     taken = {p.name for p in own}
     extra = [
-        p.replace(annotation=_PER_WORKER.get(k, p.annotation)) for k, p in _collector_parameters().items() if k not in taken
+        p.replace(annotation=_PER_WORKER.get(k, p.annotation))
+        for k, p in _collector_parameters().items()
+        if k not in taken
     ]
     positional = [p for p in own if p.kind is not inspect.Parameter.KEYWORD_ONLY]
     keyword = [p for p in own if p.kind is inspect.Parameter.KEYWORD_ONLY]
@@ -133,7 +135,9 @@ def resolve_multi_config(
         check_int("num_workers", num_workers, allow_none=True)
         fns = list(create_env_fn)
         if num_workers is not None and num_workers != len(fns):
-            raise ValueError(f"num_workers={num_workers!r} but create_env_fn lists {len(fns)} factories; drop num_workers")
+            raise ValueError(
+                f"num_workers={num_workers!r} but create_env_fn lists {len(fns)} factories; drop num_workers"
+            )
     else:
         check_int("num_workers", num_workers, rule="a positive int when create_env_fn is a single factory")
         fns = [create_env_fn] * num_workers
@@ -175,7 +179,9 @@ def resolve_multi_config(
         if cat_results != "stack" and (isinstance(cat_results, bool) or not isinstance(cat_results, int)):
             raise ValueError(f"cat_results must be 'stack' or an int dim, got {cat_results!r}")
     elif cat_results is not None:
-        raise ValueError(f"cat_results is only for MultiSyncCollector ({name} yields one worker's batch), got {cat_results!r}")
+        raise ValueError(
+            f"cat_results is only for MultiSyncCollector ({name} yields one worker's batch), got {cat_results!r}"
+        )
     check_bool("update_at_each_batch", update_at_each_batch)
     p = preemptive_threshold
     if p is not None:
@@ -184,7 +190,9 @@ def resolve_multi_config(
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"preemptive_threshold must be a float in [0, 1] or None, got {p!r}")
         if not sync:
-            raise ValueError(f"preemptive_threshold only applies to MultiSyncCollector ({name} never waits for stragglers)")
+            raise ValueError(
+                f"preemptive_threshold only applies to MultiSyncCollector ({name} never waits for stragglers)"
+            )
         p = None if p == 1.0 else float(p)  # 1.0 waits for every worker: the same as no threshold
     check_int("num_threads", num_threads, allow_none=True)
     check_int("num_sub_threads", num_sub_threads)

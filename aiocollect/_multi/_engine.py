@@ -262,9 +262,11 @@ class MultiCollectorBase(CollectorLifecycle):
             transport.kill(w)
             return
         pump.alive[w] = False
-        pump.failures.append(WorkerTimeoutError(
-            w, pid, count, seconds, self._mc.worker_timeout or 0.0, process_state(pid), self._restart_arg
-        ))
+        pump.failures.append(
+            WorkerTimeoutError(
+                w, pid, count, seconds, self._mc.worker_timeout or 0.0, process_state(pid), self._restart_arg
+            )
+        )
 
     def _stalled_workers(self) -> tuple[int, ...]:
         """Workers that owe work and made no progress for 10 s (or half of ``worker_timeout``)."""
@@ -434,4 +436,3 @@ class MultiCollectorBase(CollectorLifecycle):
             base, workers=self._num_workers, workers_alive=alive, restarts=self._restarts,
             dropped_batches=self._dropped_batches, stalled_workers=self._stalled_workers(),
         )  # fmt: skip
-

@@ -37,7 +37,9 @@ class Liveness:
         count = -1 if progress is None else progress[0]
         self._sent[w], self._seen[w] = count, (count, time.monotonic())
 
-    def silent(self, progress: Sequence[Progress], alive: Sequence[bool], owed: Callable[[int], bool]) -> list[tuple[int, float, int]]:
+    def silent(
+        self, progress: Sequence[Progress], alive: Sequence[bool], owed: Callable[[int], bool]
+    ) -> list[tuple[int, float, int]]:
         """``(worker, seconds, count)`` of live workers that owe work and made no progress since last seen."""
         now, out = time.monotonic(), []
         for w, p in enumerate(progress):

@@ -48,7 +48,9 @@ def _device(name: str, value: Any) -> torch.device | None:
     try:
         return torch.device(value)
     except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"{name} must be a torch.device or a device string like 'cpu' or 'cuda:0', got {value!r}") from exc
+        raise ValueError(
+            f"{name} must be a torch.device or a device string like 'cpu' or 'cuda:0', got {value!r}"
+        ) from exc
 
 
 # The values of tensordict.nn.InteractionType (a StrEnum), so a str is checked without
@@ -100,7 +102,9 @@ def _env_fn(value: Any) -> Any:
         if value not in gym.envs.registry:
             close = [k for k in gym.envs.registry if k.lower().startswith(value.split("-")[0].lower())][:3]
             hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
-            raise ValueError(f"create_env_fn {value!r} is not a registered gymnasium env id{hint}; check the id and version")
+            raise ValueError(
+                f"create_env_fn {value!r} is not a registered gymnasium env id{hint}; check the id and version"
+            )
         return value
     if isinstance(value, _env_types()) or callable(value):
         return value

@@ -93,8 +93,10 @@ class PolicyAdapter:
             self._call: Callable[[Outputs], Outputs] | None = None
             self._tensordict = False
         else:
-            self._tensordict = not isinstance(policy, torch.nn.Module) or _is_tensordict_module(policy) or (
-                _takes_tensordict(policy.forward)
+            self._tensordict = (
+                not isinstance(policy, torch.nn.Module)
+                or _is_tensordict_module(policy)
+                or (_takes_tensordict(policy.forward))
             )
             self._call = self._call_tensordict if self._tensordict else self._call_tensors
         if self._tensordict:
@@ -125,7 +127,11 @@ class PolicyAdapter:
         self._nb = len(spec.batch_size)
         self.obs_keys = list(spec.observation)
         self.action_keys = list(spec.action)
-        if self._call == self._call_tensors and self.device is None and len(self.obs_keys) == len(self.action_keys) == 1:
+        if (
+            self._call == self._call_tensors
+            and self.device is None
+            and len(self.obs_keys) == len(self.action_keys) == 1
+        ):
             self._obs_key, self._action_key = self.obs_keys[0], self.action_keys[0]
             self._call = self._call_one
 

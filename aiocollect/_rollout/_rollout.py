@@ -202,7 +202,12 @@ class Rollout:
         buf = {k: s.zeros((T, *B)) for k, s in specs.items()}
         for k, s in (*self.spec.observation.items(), *self.spec.next_only.items()):
             buf[_nxt(k)] = s.zeros((T, *B))
-        for k, dtype in (("reward", torch.float32), ("done", torch.bool), ("terminated", torch.bool), ("truncated", torch.bool)):
+        for k, dtype in (
+            ("reward", torch.float32),
+            ("done", torch.bool),
+            ("terminated", torch.bool),
+            ("truncated", torch.bool),
+        ):
             buf[("next", k)] = torch.zeros((T, *B, 1), dtype=dtype)
         if self.track_traj_ids:
             buf[("collector", "traj_ids")] = torch.zeros((T, *B), dtype=torch.int64)
@@ -379,7 +384,10 @@ class Rollout:
         shape = (*self.B, self.T)
         layout = [(k, (*shape, *v.shape[1 + self.nb :]), v.dtype) for k, v in self._kept()]
         layout += [(k, (*shape, 1), torch.bool) for k in ("done", "terminated", "truncated")]
-        layout += [(("collector", "policy_version"), shape, torch.int64), (("collector", "worker_id"), shape, torch.int64)]
+        layout += [
+            (("collector", "policy_version"), shape, torch.int64),
+            (("collector", "worker_id"), shape, torch.int64),
+        ]
         return layout
 
     def _write_out(self, out: dict[Any, torch.Tensor], steps: int) -> None:
@@ -448,7 +456,9 @@ class Rollout:
                     self.apply_reset(env._reset_arrays(done, None), done)
         return T
 
-    def collect_into(self, random: bool, out: dict[Any, torch.Tensor], preempt: Callable[[], bool] | None = None) -> int:
+    def collect_into(
+        self, random: bool, out: dict[Any, torch.Tensor], preempt: Callable[[], bool] | None = None
+    ) -> int:
         """Collect one batch straight into ``out``, never building a TensorDict (blocking).
 
         Args:
@@ -492,4 +502,3 @@ class Rollout:
             if done is not None:
                 self.apply_reset(await env._reset_arrays(done, None), done)
         return await run_sync(self._wrap, out, self.T)
-

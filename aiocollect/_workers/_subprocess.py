@@ -57,7 +57,7 @@ def _check_not_bootstrapping() -> None:
     if getattr(multiprocessing.process.current_process(), "_inheriting", False):
         raise RuntimeError(
             "a multi-process collector was created while a worker process was starting: the main module "
-            "creates collectors at import time; guard that code with `if __name__ == \"__main__\":`"
+            'creates collectors at import time; guard that code with `if __name__ == "__main__":`'
         )
 
 
@@ -91,7 +91,9 @@ class SubprocessTransport(Transport):
     def check_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
         unknown = set(options) - {"start_method"}
         if unknown:
-            raise TypeError(f"the subprocess backend takes no option {sorted(unknown)[0]!r}; its only option is start_method")
+            raise TypeError(
+                f"the subprocess backend takes no option {sorted(unknown)[0]!r}; its only option is start_method"
+            )
         method = options.get("start_method")
         if method is None:
             method = _default_start_method()

@@ -124,7 +124,9 @@ def _watch_parent(alive: Any) -> None:
     os._exit(1)
 
 
-def subprocess_main(conn: Any, alive: Any, spec_bytes: bytes, weights_fd: FdArg, weights_bytes: int, weights_layout: Any) -> None:
+def subprocess_main(
+    conn: Any, alive: Any, spec_bytes: bytes, weights_fd: FdArg, weights_bytes: int, weights_layout: Any
+) -> None:
     """Entry point of a worker process (module level, so ``spawn`` and ``forkserver`` can import it)."""
     # Ctrl-C goes to the whole process group; the parent decides how workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

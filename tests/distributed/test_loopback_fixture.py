@@ -34,7 +34,7 @@ def test_audit_is_quiet_on_loopback() -> None:
         assert outside_loopback() == []
 
 
-def test_audit_ignores_only_dns_datagrams_to_the_system_resolvers(monkeypatch) -> None:  # noqa: ANN001
+def test_audit_ignores_only_dns_datagrams_to_the_system_resolvers(monkeypatch) -> None:
     import _net
 
     monkeypatch.setattr(_net, "_RESOLVERS", {"192.0.2.53"})

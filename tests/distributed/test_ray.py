@@ -41,7 +41,6 @@ def counting() -> CountingEnv:
     return CountingEnv(1, episode_length=7)
 
 
-
 def kw(**extra: object) -> dict[str, object]:
     return {"remote_configs": ACTOR, "shutdown_timeout": 5.0, **extra}
 

@@ -29,7 +29,6 @@ def counting() -> CountingEnv:
     return CountingEnv(1, episode_length=7)
 
 
-
 def kw(**extra: object) -> dict[str, object]:
     return {"launcher": "mp", "shutdown_timeout": 5.0, **extra}
 
@@ -58,7 +57,9 @@ def tensorpipe_process_state() -> None:
 )
 async def test_two_nodes_deliver_batches_with_global_ids(sync: bool, loopback_only) -> None:
     with anyio.fail_after(60):
-        async with RPCCollector([counting] * 2, scripted(), frames_per_batch=20, total_frames=100, sync=sync, **kw()) as c:
+        async with RPCCollector(
+            [counting] * 2, scripted(), frames_per_batch=20, total_frames=100, sync=sync, **kw()
+        ) as c:
             batches = [b async for b in c]
     assert c.stats().frames == 100
     if sync:

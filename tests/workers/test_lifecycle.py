@@ -51,7 +51,9 @@ def wait_gone(pids: list[int], timeout: float) -> list[int]:
 
 
 def test_workers_exit_when_the_parent_is_killed(tmp_path: Path) -> None:
-    proc = run_script(tmp_path, """
+    proc = run_script(
+        tmp_path,
+        """
         import anyio
         from aiocollect import MultiAsyncCollector
         from aiocollect.testing import CountingEnv
@@ -67,7 +69,8 @@ def test_workers_exit_when_the_parent_is_killed(tmp_path: Path) -> None:
 
         if __name__ == "__main__":
             anyio.run(main)
-    """)
+    """,
+    )
     try:
         assert proc.stdout is not None
         pids = [int(p) for p in proc.stdout.readline().split()]
@@ -81,7 +84,9 @@ def test_workers_exit_when_the_parent_is_killed(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_in_blocking_multisync_script(tmp_path: Path) -> None:
-    proc = run_script(tmp_path, """
+    proc = run_script(
+        tmp_path,
+        """
         import sys
         from aiocollect import MultiSyncDataCollector
         from aiocollect.testing import CountingEnv
@@ -99,7 +104,8 @@ def test_ctrl_c_in_blocking_multisync_script(tmp_path: Path) -> None:
             except KeyboardInterrupt:
                 print("interrupted", flush=True)
                 sys.exit(3)
-    """)
+    """,
+    )
     try:
         assert proc.stdout is not None
         pids = [int(p) for p in proc.stdout.readline().split()]
@@ -113,7 +119,9 @@ def test_ctrl_c_in_blocking_multisync_script(tmp_path: Path) -> None:
 
 
 def test_script_without_main_guard_gets_a_clear_error(tmp_path: Path) -> None:
-    proc = run_script(tmp_path, """
+    proc = run_script(
+        tmp_path,
+        """
         from aiocollect import MultiSyncDataCollector
         from aiocollect.testing import CountingEnv
 
@@ -121,10 +129,11 @@ def test_script_without_main_guard_gets_a_clear_error(tmp_path: Path) -> None:
             for _ in c:
                 pass
         print("done")
-    """)
+    """,
+    )
     out, err = proc.communicate(timeout=90)
     assert proc.returncode != 0
-    assert "guard that code with `if __name__ == \"__main__\":`" in err
+    assert 'guard that code with `if __name__ == "__main__":`' in err
     assert err.count("Traceback") < 10  # one failure per worker start, not a crash loop
 
 
@@ -208,7 +217,9 @@ async def test_shutdown_cuts_long_batches_short_and_workers_exit_cleanly() -> No
 
 def test_collectors_leave_the_global_start_method_alone(tmp_path: Path) -> None:
     # In a fresh interpreter: the test process may have had a start method chosen by torchrl.
-    proc = run_script(tmp_path, """
+    proc = run_script(
+        tmp_path,
+        """
         import multiprocessing
         from aiocollect import MultiSyncDataCollector
         from aiocollect.testing import CountingEnv
@@ -219,7 +230,8 @@ def test_collectors_leave_the_global_start_method_alone(tmp_path: Path) -> None:
             print(shapes, multiprocessing.get_start_method(allow_none=True))
             multiprocessing.set_start_method("forkserver")  # the user can still choose
             print("chosen", multiprocessing.get_start_method())
-    """)
+    """,
+    )
     out, err = proc.communicate(timeout=90)
     assert proc.returncode == 0, err
     assert out.splitlines() == ["[(1, 1, 4)] None", "chosen forkserver"]

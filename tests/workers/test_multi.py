@@ -27,7 +27,9 @@ def counting_env() -> CountingEnv:
 
 async def test_multisync_stacks_workers_in_order(backend: str) -> None:
     with anyio.fail_after(60):
-        async with MultiSyncCollector(counting_env, num_workers=2, frames_per_batch=16, total_frames=32, backend=backend) as c:
+        async with MultiSyncCollector(
+            counting_env, num_workers=2, frames_per_batch=16, total_frames=32, backend=backend
+        ) as c:
             batches = [b async for b in c]
     assert [b.shape for b in batches] == [torch.Size([2, 2, 4])] * 2
     assert batches[0].names == [None, None, "time"]
@@ -53,7 +55,9 @@ async def test_multisync_cat_results(cat: int, shape: tuple[int, int], backend: 
 
 async def test_multiasync_delivers_whole_worker_batches_first_come(backend: str) -> None:
     with anyio.fail_after(60):
-        async with MultiAsyncCollector(counting_env, num_workers=2, frames_per_batch=8, total_frames=64, backend=backend) as c:
+        async with MultiAsyncCollector(
+            counting_env, num_workers=2, frames_per_batch=8, total_frames=64, backend=backend
+        ) as c:
             batches = [b async for b in c]
             assert c.stats().workers_alive == 2
     assert all(b.shape == (2, 4) for b in batches) and len(batches) == 8
@@ -72,7 +76,9 @@ async def test_async_collector_single_background_worker(backend: str) -> None:
 
 async def test_same_seed_same_data_whatever_the_timing(backend: str) -> None:
     async def run(seed: int) -> list[torch.Tensor]:
-        async with MultiSyncCollector("CartPole-v1", num_workers=2, frames_per_batch=64, total_frames=128, backend=backend) as c:
+        async with MultiSyncCollector(
+            "CartPole-v1", num_workers=2, frames_per_batch=64, total_frames=128, backend=backend
+        ) as c:
             c.set_seed(seed)
             return [torch.cat([b["observation"].flatten(), b["action"].float().flatten()]) async for b in c]
 
@@ -201,5 +207,7 @@ def test_bad_arguments_fail_before_spawning() -> None:
         MultiSyncCollector(counting_env, num_workers=2, frames_per_batch=0)
     with pytest.raises(TypeError, match=r"^AsyncCollector runs exactly one worker"):
         AsyncCollector(counting_env, num_workers=2, frames_per_batch=8)
-    with pytest.raises(LookupError, match=r"^unknown worker backend 'mpi'; choose one of: distributed, inline, ray, rpc, subprocess$"):
+    with pytest.raises(
+        LookupError, match=r"^unknown worker backend 'mpi'; choose one of: distributed, inline, ray, rpc, subprocess$"
+    ):
         MultiSyncCollector(counting_env, num_workers=2, frames_per_batch=8, backend="mpi")

@@ -43,7 +43,9 @@ async def test_background_collection_stores_every_frame_exactly_once(cls: type, 
     rb = ReplayBuffer(100_000, batch_size=32, min_size=64)
     fpb = 32 if cls is MultiSyncCollector else 16  # 16 frames per worker batch either way
     with anyio.fail_after(90):
-        async with cls(worker_envs(2), num_workers=2, frames_per_batch=fpb, total_frames=640, replay_buffer=rb, backend=backend) as c:
+        async with cls(
+            worker_envs(2), num_workers=2, frames_per_batch=fpb, total_frames=640, replay_buffer=rb, backend=backend
+        ) as c:
             # Worker processes need shared storage: upgraded before anything was built.
             # Worker threads write into the process-local storage it has.
             assert isinstance(rb.storage, MemoryStorage if backend == "inline" else SharedMemoryStorage)
@@ -52,7 +54,11 @@ async def test_background_collection_stores_every_frame_exactly_once(cls: type, 
             while c.is_running():
                 await rb.sample()
             # Workers wrote into the buffer's rows; the parent's slots were never used.
-            assert all(float(slot["observation"].abs().sum()) == 0 for w in range(2) for slot in (c._transport.batch(w, 0), c._transport.batch(w, 1)))
+            assert all(
+                float(slot["observation"].abs().sum()) == 0
+                for w in range(2)
+                for slot in (c._transport.batch(w, 0), c._transport.batch(w, 1))
+            )
     frames = stored(rb)
     assert len(frames) == len(set(frames)) == rb.write_count == c.stats().frames
     if cls is MultiSyncCollector:  # each worker collected exactly half, in lock step
@@ -88,7 +94,9 @@ async def test_rate_limiter_holds_fast_workers_back(backend: str) -> None:
     spi, tol = 1.0, 64.0
     rb = ReplayBuffer(100_000, batch_size=16, min_size=32, samples_per_insert=spi, tolerance=tol)
     with anyio.fail_after(90):
-        async with MultiAsyncCollector(worker_envs(2), num_workers=2, frames_per_batch=16, replay_buffer=rb, backend=backend) as c:
+        async with MultiAsyncCollector(
+            worker_envs(2), num_workers=2, frames_per_batch=16, replay_buffer=rb, backend=backend
+        ) as c:
             c.start()
             for _ in range(40):  # a slow learner: the workers are far faster
                 await rb.sample()
@@ -165,7 +173,9 @@ async def test_trajectory_mode_assembles_whole_episodes_from_every_worker(backen
 async def test_pause_while_workers_wait_for_the_rate_limiter_then_resume(backend: str) -> None:
     rb = ReplayBuffer(100_000, batch_size=16, min_size=32, samples_per_insert=1.0, tolerance=16)
     with anyio.fail_after(90):
-        async with MultiAsyncCollector(worker_envs(2), num_workers=2, frames_per_batch=16, replay_buffer=rb, backend=backend) as c:
+        async with MultiAsyncCollector(
+            worker_envs(2), num_workers=2, frames_per_batch=16, replay_buffer=rb, backend=backend
+        ) as c:
             c.start()
             await rb.wait_for(32)
             while rb.stats().in_flight or not rb._notifier._waiters:  # every worker is held back

@@ -12,7 +12,7 @@ import pytest
 
 # Its own module (imports torch only): workers unpickle the policy class from it, and a
 # class from this test module would make them import this module's imports too.
-from _plain_policy import ArgmaxPolicy  # noqa: E402, I001
+from _plain_policy import ArgmaxPolicy
 
 from aiocollect import MultiAsyncCollector, MultiSyncCollector, WorkerTimeoutError
 from aiocollect.testing import CountingEnv
@@ -59,12 +59,17 @@ async def test_a_worker_with_a_plain_module_policy_never_loads_tensordict(start_
 
 
 def test_the_inline_backend_takes_no_start_method() -> None:
-    with pytest.raises(ValueError, match=r"^the inline backend runs workers as threads and takes no options, got \{'start_method': 'spawn'\}$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^the inline backend runs workers as threads and takes no options, got \{'start_method': 'spawn'\}$",
+    ):
         MultiSyncCollector(CountingEnv, num_workers=1, frames_per_batch=8, backend="inline", start_method="spawn")
 
 
 def test_an_unknown_start_method_is_refused_before_spawning() -> None:
-    with pytest.raises(ValueError, match=r"^start_method must be 'forkserver' or 'spawn' \(fork is unsafe with threads\), got 'fork'$"):
+    with pytest.raises(
+        ValueError, match=r"^start_method must be 'forkserver' or 'spawn' \(fork is unsafe with threads\), got 'fork'$"
+    ):
         MultiSyncCollector(CountingEnv, num_workers=1, frames_per_batch=8, start_method="fork")
 
 
@@ -92,7 +97,9 @@ def test_a_transport_that_cannot_load_is_named_with_the_reason(monkeypatch: pyte
     import aiocollect._workers as registry
 
     monkeypatch.setattr(registry, "TRANSPORTS", (*registry.TRANSPORTS, "mpi"))
-    with pytest.raises(LookupError, match=r"^worker backend 'mpi' is not available: No module named 'aiocollect\._workers\._mpi'$") as info:
+    with pytest.raises(
+        LookupError, match=r"^worker backend 'mpi' is not available: No module named 'aiocollect\._workers\._mpi'$"
+    ) as info:
         MultiSyncCollector(CountingEnv, num_workers=1, frames_per_batch=8, backend="mpi")
     assert isinstance(info.value.__cause__, ImportError)
 
