@@ -23,6 +23,8 @@ _LAZY: dict[str, tuple[str, str]] = {
     "AiocollectError": ("._core._errors", "AiocollectError"),
     "BufferClosedError": ("._core._errors", "BufferClosedError"),
     "BufferEmptyError": ("._core._errors", "BufferEmptyError"),
+    "BufferStarvedError": ("._core._errors", "BufferStarvedError"),
+    "BufferTimeoutError": ("._core._errors", "BufferTimeoutError"),
     "CollectorClosedError": ("._core._errors", "CollectorClosedError"),
     "EnvOutputError": ("._core._errors", "EnvOutputError"),
     "EnvTimeoutError": ("._core._errors", "EnvTimeoutError"),
@@ -75,7 +77,9 @@ __all__ = (
     "BatchedEnv",
     "BufferClosedError",
     "BufferEmptyError",
+    "BufferStarvedError",
     "BufferStats",
+    "BufferTimeoutError",
     "Collector",
     "CollectorClosedError",
     "CollectorStats",
@@ -119,7 +123,14 @@ __all__ = (
 )
 
 
+# The public submodules, imported on first use too: ``aiocollect.blocking.Collector`` works
+# after a bare ``import aiocollect``. Not in __all__, so ``import *`` does not import them.
+_SUBMODULES = ("blocking", "testing")
+
+
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)  # the import binds it in globals()
     try:
         module, attr = _LAZY[name]
     except KeyError:
@@ -137,4 +148,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    return sorted({*globals(), *__all__, *_SUBMODULES})

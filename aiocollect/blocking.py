@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
+from functools import partial as _partial
 from typing import Any
 
 import torch
@@ -17,6 +18,7 @@ from tensordict import TensorDictBase
 from ._buffer import _buffer
 from ._collect import _collector
 from ._collect._blocking_base import DataCollectorBase
+from ._collect._blocking_base import twin_doc as _twin_doc
 from ._collect._blocking_base import twin_init as _twin_init
 from ._core._errors import BufferClosedError as _BufferClosedError
 from ._core._errors import WouldBlock as _WouldBlock
@@ -42,10 +44,14 @@ __all__ = (
 
 
 class Collector(DataCollectorBase):
-    """Blocking twin of `aiocollect.Collector` (also exported as ``SyncDataCollector``).
+    """Blocking twin of `aiocollect.Collector` (also exported as ``aiocollect.SyncDataCollector``).
 
     Takes the same arguments. Iterate with ``for batch in collector``; leaving ``with``,
-    exhausting the budget or calling `shutdown` closes the env and the portal thread.
+    exhausting the budget or calling `shutdown` closes the env and the portal thread. The
+    rest is `aiocollect.Collector`'s documentation: read ``with``/``for`` for
+    ``async with``/``async for`` and `shutdown` for ``aclose()``.
+
+    {args}
 
     Examples:
         >>> from aiocollect.blocking import Collector
@@ -59,7 +65,13 @@ class Collector(DataCollectorBase):
 
 
 class MultiSyncCollector(DataCollectorBase):
-    """Blocking twin of `aiocollect.MultiSyncCollector` (also ``MultiSyncDataCollector``).
+    """Blocking twin of `aiocollect.MultiSyncCollector` (also exported as ``aiocollect.MultiSyncDataCollector``).
+
+    The same collector for plain scripts; the rest is `aiocollect.MultiSyncCollector`'s
+    documentation: read ``with``/``for`` for ``async with``/``async for`` and `shutdown` for
+    ``aclose()``.
+
+    {args}
 
     Examples:
         >>> from aiocollect.blocking import MultiSyncCollector
@@ -73,7 +85,13 @@ class MultiSyncCollector(DataCollectorBase):
 
 
 class MultiAsyncCollector(DataCollectorBase):
-    """Blocking twin of `aiocollect.MultiAsyncCollector` (also ``MultiaSyncDataCollector``).
+    """Blocking twin of `aiocollect.MultiAsyncCollector` (also exported as ``aiocollect.MultiaSyncDataCollector``).
+
+    The same collector for plain scripts; the rest is `aiocollect.MultiAsyncCollector`'s
+    documentation: read ``with``/``for`` for ``async with``/``async for`` and `shutdown` for
+    ``aclose()``.
+
+    {args}
 
     Examples:
         >>> from aiocollect.blocking import MultiAsyncCollector
@@ -87,7 +105,13 @@ class MultiAsyncCollector(DataCollectorBase):
 
 
 class DistributedCollector(DataCollectorBase):
-    """Blocking twin of `aiocollect.DistributedCollector` (also ``DistributedDataCollector``).
+    """Blocking twin of `aiocollect.DistributedCollector` (also exported as ``aiocollect.DistributedDataCollector``).
+
+    The same collector for plain scripts; the rest is `aiocollect.DistributedCollector`'s
+    documentation: read ``with``/``for`` for ``async with``/``async for`` and `shutdown` for
+    ``aclose()``.
+
+    {args}
 
     Examples:
         >>> from aiocollect.blocking import DistributedCollector
@@ -101,7 +125,13 @@ class DistributedCollector(DataCollectorBase):
 
 
 class DistributedSyncCollector(DataCollectorBase):
-    """Blocking twin of `aiocollect.DistributedSyncCollector` (also ``DistributedSyncDataCollector``).
+    """Blocking twin of `aiocollect.DistributedSyncCollector` (``aiocollect.DistributedSyncDataCollector``).
+
+    The same collector for plain scripts; the rest is
+    `aiocollect.DistributedSyncCollector`'s documentation: read ``with``/``for`` for ``async
+    with``/``async for`` and `shutdown` for ``aclose()``.
+
+    {args}
 
     Examples:
         >>> from aiocollect.blocking import DistributedSyncCollector
@@ -115,7 +145,13 @@ class DistributedSyncCollector(DataCollectorBase):
 
 
 class RayCollector(DataCollectorBase):
-    """Blocking twin of `aiocollect.RayCollector` (also ``RayDataCollector``, TorchRL's name).
+    """Blocking twin of `aiocollect.RayCollector` (also ``aiocollect.RayDataCollector``, TorchRL's name).
+
+    The same collector for plain scripts; the rest is `aiocollect.RayCollector`'s
+    documentation: read ``with``/``for`` for ``async with``/``async for`` and `shutdown` for
+    ``aclose()``.
+
+    {args}
 
     Examples:
         >>> from aiocollect.blocking import RayCollector
@@ -128,7 +164,13 @@ class RayCollector(DataCollectorBase):
 
 
 class RPCCollector(DataCollectorBase):
-    """Blocking twin of `aiocollect.RPCCollector` (also ``RPCDataCollector``, TorchRL's name).
+    """Blocking twin of `aiocollect.RPCCollector` (also ``aiocollect.RPCDataCollector``, TorchRL's name).
+
+    The same collector for plain scripts; the rest is `aiocollect.RPCCollector`'s
+    documentation: read ``with``/``for`` for ``async with``/``async for`` and `shutdown` for
+    ``aclose()``.
+
+    {args}
 
     Examples:
         >>> from aiocollect.blocking import RPCCollector
@@ -142,7 +184,13 @@ class RPCCollector(DataCollectorBase):
 
 
 class AsyncCollector(DataCollectorBase):
-    """Blocking twin of `aiocollect.AsyncCollector` (also ``aSyncDataCollector``).
+    """Blocking twin of `aiocollect.AsyncCollector` (also exported as ``aiocollect.aSyncDataCollector``).
+
+    The same collector for plain scripts; the rest is `aiocollect.AsyncCollector`'s
+    documentation: read ``with``/``for`` for ``async with``/``async for`` and `shutdown` for
+    ``aclose()``.
+
+    {args}
 
     Examples:
         >>> from aiocollect.blocking import AsyncCollector
@@ -160,6 +208,10 @@ class ReplayBuffer:
     Takes the same arguments. `extend`, `sample` and `wait_for` wait (rate limiter,
     ``min_size``) by blocking the calling thread; the other methods never wait and are
     safe to call from any thread. A collector given this buffer writes into it directly.
+    The rest is `aiocollect.ReplayBuffer`'s documentation: read `close` for ``aclose()``,
+    and a call that blocks for one that is awaited.
+
+    {args}
 
     Examples:
         >>> import torch
@@ -185,20 +237,20 @@ class ReplayBuffer:
         except _WouldBlock:
             return self._portal.call(self._async.extend, td)
 
-    def sample(self, batch_size: int | None = None) -> TensorDictBase:
-        """Sample frames, waiting for ``min_size`` and the rate limiter; see the async twin."""
+    def sample(self, batch_size: int | None = None, *, timeout: float | None = None) -> TensorDictBase:
+        """Sample frames, waiting for ``min_size`` and the rate limiter (at most ``timeout`` s); see the async twin."""
         try:
             return self._async.sample_nowait(batch_size)
         except _WouldBlock:
-            return self._portal.call(self._async.sample, batch_size)
+            return self._portal.call(_partial(self._async.sample, batch_size, timeout=timeout))
 
     def sample_nowait(self, batch_size: int | None = None) -> TensorDictBase:
         """Sample without waiting (raises ``BufferEmptyError``/``WouldBlock`` instead)."""
         return self._async.sample_nowait(batch_size)
 
-    def wait_for(self, n: int) -> None:
-        """Block until at least ``n`` frames are stored."""
-        self._portal.call(self._async.wait_for, n)
+    def wait_for(self, n: int, *, timeout: float | None = None) -> None:
+        """Block until at least ``n`` frames are stored (at most ``timeout`` s); see the async twin."""
+        self._portal.call(_partial(self._async.wait_for, n, timeout=timeout))
 
     def update_priority(self, index: torch.Tensor, priority: torch.Tensor | float) -> None:
         """Set priorities (with a ``PrioritizedSampler``)."""
@@ -284,3 +336,4 @@ class ReplayBuffer:
 
 
 ReplayBuffer.__init__ = _twin_init(ReplayBuffer, _buffer.ReplayBuffer, ReplayBuffer.__init__)  # type: ignore[method-assign]
+ReplayBuffer.__doc__ = _twin_doc(ReplayBuffer, _buffer.ReplayBuffer)

@@ -67,13 +67,60 @@ class Args:
     weight_sync_frequency: int = arg(10, "gradient steps between pushes of the weights (and epsilon) to the workers")
 
 
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def check_args(args: Args) -> list[str]:
+    """What makes these arguments unusable (rule, value and fix for each); empty when they are fine."""
+    names = (
+        "num_workers", "num_envs", "frames_per_batch", "total_frames", "eval_episodes", "eval_frequency",
+        "buffer_size", "batch_size", "train_frequency", "target_network_frequency", "weight_sync_frequency",
+    )  # fmt: skip
+    problems = [f"{_flag(n)} must be a positive int, got {getattr(args, n)}" for n in names if getattr(args, n) < 1]
+    if problems:
+        return problems
+    if not 0 <= args.learning_starts < args.total_frames:
+        problems.append(
+            f"--learning-starts must be at least 0 and below --total-frames ({args.total_frames}), got "
+            f"{args.learning_starts}: sampling waits for that many frames, so no gradient step would run; "
+            "lower --learning-starts or raise --total-frames"
+        )
+    if args.learning_starts > args.buffer_size:
+        problems.append(
+            f"--learning-starts ({args.learning_starts}) must not exceed --buffer-size ({args.buffer_size}), "
+            "which holds fewer frames; lower the first or raise the second"
+        )
+    if args.batch_size > args.buffer_size:
+        problems.append(f"--batch-size ({args.batch_size}) must not exceed --buffer-size ({args.buffer_size})")
+    if args.frames_per_batch % args.num_envs:
+        problems.append(
+            f"--frames-per-batch ({args.frames_per_batch}) must be a multiple of --num-envs ({args.num_envs})"
+        )
+    if args.frames_per_batch < args.train_frequency:
+        # Each batch must be worth at least one minibatch of samples, or the learner's last
+        # sample() could wait for frames that the spent budget will never bring.
+        problems.append(
+            f"--frames-per-batch ({args.frames_per_batch}) must be at least --train-frequency "
+            f"({args.train_frequency}), so each batch is worth a gradient step"
+        )
+    for n in ("start_e", "end_e", "exploration_fraction"):
+        if not 0.0 <= getattr(args, n) <= 1.0:
+            problems.append(f"{_flag(n)} must be between 0 and 1, got {getattr(args, n)}")
+    return problems
+
+
 def parse_args() -> Args:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for f in dataclasses.fields(Args):
         flag = "--" + f.name.replace("_", "-")
         kind = {"int": int, "float": float, "str": str}[f.type]
         parser.add_argument(flag, type=kind, default=f.default, help=f.metadata["help"] + " (default: %(default)s)")
-    return Args(**vars(parser.parse_args()))
+    args = Args(**vars(parser.parse_args()))
+    problems = check_args(args)
+    if problems:  # before anything starts: a run that could never train says so at once
+        parser.error("; ".join(problems))
+    return args
 
 
 def make_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
@@ -155,10 +202,6 @@ def evaluate(q: nn.Module, env: gym.Env, episodes: int) -> float:
 async def main(args: Args) -> None:
     torch.set_num_threads(args.num_threads)
     torch.manual_seed(args.seed)
-    if args.frames_per_batch < args.train_frequency:
-        # Each batch must be worth at least one minibatch of samples, or the learner's last
-        # sample() could wait for frames that the spent budget will never bring.
-        raise ValueError("frames_per_batch must be >= train_frequency")
 
     eval_env = gym.make(args.env_id)
     eval_env.reset(seed=args.seed + 10_000)  # later resets continue this env's own RNG
@@ -197,7 +240,7 @@ async def main(args: Args) -> None:
             loss = await anyio.to_thread.run_sync(dqn_step, args, batch, q, target, optimizer)
             updates += 1
             if updates % args.target_network_frequency == 0:
-                for tp, p in zip(target.parameters(), q.parameters()):
+                for tp, p in zip(target.parameters(), q.parameters(), strict=True):
                     tp.data.lerp_(p.data, args.tau)
             if updates % args.weight_sync_frequency == 0:
                 frames = rb.write_count

@@ -64,6 +64,42 @@ class Args:
     hidden_size: int = arg(64, "width of the two hidden layers of actor and critic")
 
 
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def check_args(args: Args) -> list[str]:
+    """What makes these arguments unusable (rule, value and fix for each); empty when they are fine."""
+    names = (
+        "num_workers",
+        "num_envs",
+        "frames_per_batch",
+        "total_frames",
+        "update_epochs",
+        "num_minibatches",
+        "return_window",
+        "hidden_size",
+    )
+    problems = [f"{_flag(n)} must be a positive int, got {getattr(args, n)}" for n in names if getattr(args, n) < 1]
+    if problems:
+        return problems
+    if args.total_frames < args.frames_per_batch:
+        problems.append(
+            f"--total-frames ({args.total_frames}) must be at least --frames-per-batch ({args.frames_per_batch}): "
+            "a whole batch is collected before the first update; raise --total-frames or lower --frames-per-batch"
+        )
+    if args.frames_per_batch % (args.num_workers * args.num_envs):
+        problems.append(
+            f"--frames-per-batch ({args.frames_per_batch}) must be a multiple of --num-workers x --num-envs "
+            f"({args.num_workers * args.num_envs})"
+        )
+    if args.num_minibatches > args.frames_per_batch:
+        problems.append(
+            f"--num-minibatches ({args.num_minibatches}) must not exceed --frames-per-batch ({args.frames_per_batch})"
+        )
+    return problems
+
+
 def parse_args() -> Args:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for f in dataclasses.fields(Args):
@@ -73,7 +109,11 @@ def parse_args() -> Args:
         else:
             kind = {"int": int, "float": float, "str": str}[f.type]
             parser.add_argument(flag, type=kind, default=f.default, help=f.metadata["help"] + " (default: %(default)s)")
-    return Args(**vars(parser.parse_args()))
+    args = Args(**vars(parser.parse_args()))
+    problems = check_args(args)
+    if problems:  # before anything starts: a run that could never train says so at once
+        parser.error("; ".join(problems))
+    return args
 
 
 # ================================================================================================
@@ -94,7 +134,7 @@ def mlp(in_features: int, out_features: int, hidden: int, out_std: float) -> nn.
         nn.Tanh(),
         nn.Linear(hidden, out_features),
     ]
-    for layer, std in zip(layers[::2], (math.sqrt(2), math.sqrt(2), out_std)):
+    for layer, std in zip(layers[::2], (math.sqrt(2), math.sqrt(2), out_std), strict=True):
         nn.init.orthogonal_(layer.weight, std)
         nn.init.zeros_(layer.bias)
     return nn.Sequential(*layers)
@@ -243,7 +283,8 @@ def main(args: Args) -> None:
     reached = len(finished_returns) == args.return_window and mean_return >= args.target_return
     status = f"reached target {args.target_return:g}" if reached else "stopped"
     print(
-        f"{status} after {frames} frames in {elapsed:.1f}s ({frames / elapsed:.0f} frames/s; collection alone {collect_fps:.0f} frames/s)"
+        f"{status} after {frames} frames in {elapsed:.1f}s ({frames / elapsed:.0f} frames/s; "
+        f"collection alone {collect_fps:.0f} frames/s)"
     )
     print(f"final mean return over last {len(finished_returns)} episodes: {mean_return:.1f}")
 

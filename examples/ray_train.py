@@ -78,6 +78,42 @@ class Args:
     hidden_size: int = arg(64, "width of the two hidden layers of actor and critic")
 
 
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def check_args(args: Args) -> list[str]:
+    """What makes these arguments unusable (rule, value and fix for each); empty when they are fine."""
+    names = (
+        "num_actors",
+        "num_envs",
+        "frames_per_batch",
+        "total_frames",
+        "update_epochs",
+        "num_minibatches",
+        "return_window",
+        "hidden_size",
+    )
+    problems = [f"{_flag(n)} must be a positive int, got {getattr(args, n)}" for n in names if getattr(args, n) < 1]
+    if problems:
+        return problems
+    if args.total_frames < args.frames_per_batch:
+        problems.append(
+            f"--total-frames ({args.total_frames}) must be at least --frames-per-batch ({args.frames_per_batch}): "
+            "a whole batch is collected before the first update; raise --total-frames or lower --frames-per-batch"
+        )
+    if args.frames_per_batch % (args.num_actors * args.num_envs):
+        problems.append(
+            f"--frames-per-batch ({args.frames_per_batch}) must be a multiple of --num-actors x --num-envs "
+            f"({args.num_actors * args.num_envs})"
+        )
+    if args.num_minibatches > args.frames_per_batch:
+        problems.append(
+            f"--num-minibatches ({args.num_minibatches}) must not exceed --frames-per-batch ({args.frames_per_batch})"
+        )
+    return problems
+
+
 def parse_args() -> Args:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for f in dataclasses.fields(Args):
@@ -89,7 +125,11 @@ def parse_args() -> Args:
             kind = {"int": int, "float": float, "str": str}[f.type]
             text = f.metadata["help"] + " (default: %(default)s)"
             parser.add_argument(flag, type=kind, default=f.default, help=text)
-    return Args(**vars(parser.parse_args()))
+    args = Args(**vars(parser.parse_args()))
+    problems = check_args(args)
+    if problems:  # before anything starts: a run that could never train says so at once
+        parser.error("; ".join(problems))
+    return args
 
 
 def ray_init_config(args: Args) -> dict[str, Any]:

@@ -57,13 +57,39 @@ class Args:
     return_window: int = arg(256, "finished episodes averaged for the reported return")
 
 
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def check_args(args: Args) -> list[str]:
+    """What makes these arguments unusable (rule, value and fix for each); empty when they are fine."""
+    names = ("num_envs", "frames_per_batch", "total_frames", "max_steps", "return_window")
+    problems = [f"{_flag(n)} must be a positive int, got {getattr(args, n)}" for n in names if getattr(args, n) < 1]
+    if problems:
+        return problems
+    if args.total_frames < args.frames_per_batch:
+        problems.append(
+            f"--total-frames ({args.total_frames}) must be at least --frames-per-batch ({args.frames_per_batch}): "
+            "a whole batch is collected before the first update; raise --total-frames or lower --frames-per-batch"
+        )
+    if args.frames_per_batch % args.num_envs:
+        problems.append(
+            f"--frames-per-batch ({args.frames_per_batch}) must be a multiple of --num-envs ({args.num_envs})"
+        )
+    return problems
+
+
 def parse_args() -> Args:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for f in dataclasses.fields(Args):
         kind = {"int": int, "float": float}[f.type]
         parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default,
                             help=f.metadata["help"] + " (default: %(default)s)")  # fmt: skip
-    return Args(**vars(parser.parse_args()))
+    args = Args(**vars(parser.parse_args()))
+    problems = check_args(args)
+    if problems:  # before anything starts: a run that could never train says so at once
+        parser.error("; ".join(problems))
+    return args
 
 
 # ================================================================================================

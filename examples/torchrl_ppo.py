@@ -53,13 +53,39 @@ class Args:
     entropy_eps: float = arg(1e-4, "entropy bonus coefficient")
 
 
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def check_args(args: Args) -> list[str]:
+    """What makes these arguments unusable (rule, value and fix for each); empty when they are fine."""
+    names = ("num_cells", "frames_per_batch", "total_frames", "sub_batch_size", "num_epochs")
+    problems = [f"{_flag(n)} must be a positive int, got {getattr(args, n)}" for n in names if getattr(args, n) < 1]
+    if problems:
+        return problems
+    if args.total_frames < args.frames_per_batch:
+        problems.append(
+            f"--total-frames ({args.total_frames}) must be at least --frames-per-batch ({args.frames_per_batch}): "
+            "a whole batch is collected before the first update; raise --total-frames or lower --frames-per-batch"
+        )
+    if args.sub_batch_size > args.frames_per_batch:
+        problems.append(
+            f"--sub-batch-size ({args.sub_batch_size}) must not exceed --frames-per-batch ({args.frames_per_batch})"
+        )
+    return problems
+
+
 def parse_args() -> Args:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for f in dataclasses.fields(Args):
         kind = {"int": int, "float": float, "str": str}[f.type]
         parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default,
                             help=f.metadata["help"] + " (default: %(default)s)")  # fmt: skip
-    return Args(**vars(parser.parse_args()))
+    args = Args(**vars(parser.parse_args()))
+    problems = check_args(args)
+    if problems:  # before anything starts: a run that could never train says so at once
+        parser.error("; ".join(problems))
+    return args
 
 
 def main(args: Args) -> None:

@@ -79,7 +79,7 @@ async def test_background_error_is_raised_by_the_next_sample() -> None:
     with anyio.fail_after(30):
         async with Collector(lambda: FailingEnv(1, fail_at=10), frames_per_batch=4, replay_buffer=rb) as c:
             c.start()
-            with pytest.raises(ValueError, match="^FailingEnv failed at step 10$"):
+            with pytest.raises(ValueError, match=r"^FailingEnv failed at step 10$"):
                 await rb.sample()
     assert not c.is_running()
 
@@ -88,7 +88,7 @@ async def test_background_error_is_raised_by_the_next_sample() -> None:
 async def test_background_error_nobody_sampled_is_raised_at_shutdown() -> None:
     rb = ReplayBuffer(1000)
     with anyio.fail_after(30):
-        with pytest.raises(ValueError, match="^FailingEnv failed at step 3$"):
+        with pytest.raises(ValueError, match=r"^FailingEnv failed at step 3$"):
             async with Collector(lambda: FailingEnv(1, fail_at=3), frames_per_batch=4, replay_buffer=rb) as c:
                 c.start()
                 await c.wait_finished()  # the env's failure ends it; the error waits for shutdown

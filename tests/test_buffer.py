@@ -251,9 +251,9 @@ async def test_memmap_dumps_loads_round_trip(tmp_path: Path) -> None:
     assert stored(restored) == stored(rb) == list(range(20, 70))
     a, b = await rb.sample(), await restored.sample()
     assert torch.equal(a["index"], b["index"])
-    scratch = restored.storage.path
+    scratch = Path(restored.storage.path)
     await restored.aclose()
-    assert not os.path.exists(scratch)  # a temporary directory is removed on close
+    assert not await anyio.Path(scratch).exists()  # a temporary directory is removed on close
     with pytest.raises(FileNotFoundError, match=r"^no saved buffer in"):
         ReplayBuffer(50).loads(str(tmp_path / "missing"))
 
@@ -536,7 +536,7 @@ async def test_failure_is_raised_by_waiting_and_later_samples() -> None:
     error = RuntimeError("collector died")
 
     async def learner() -> None:
-        with pytest.raises(RuntimeError, match="^collector died$"):
+        with pytest.raises(RuntimeError, match=r"^collector died$"):
             await rb.sample()
 
     with anyio.fail_after(10):
@@ -544,7 +544,7 @@ async def test_failure_is_raised_by_waiting_and_later_samples() -> None:
             tg.start_soon(learner)
             await anyio.wait_all_tasks_blocked()
             rb.fail(error)
-    with pytest.raises(RuntimeError, match="^collector died$"):
+    with pytest.raises(RuntimeError, match=r"^collector died$"):
         await rb.extend(frames(0, 4))
 
 

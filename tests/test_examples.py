@@ -18,6 +18,7 @@ import re
 import runpy
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,23 @@ TINY_ARGS: dict[str, list[str]] = {
     "tool_use_async.py": ["--total-frames", "1024", "--num-envs", "64", "--frames-per-batch", "512"],
 }
 
+#: For each example, a frame budget smaller than the warm-up it needs before it can train (DQN's
+#: learning_starts, one whole PPO batch), all else at its defaults. Each run must end at once
+#: with an argument error, instead of waiting for frames that will never come (DQN with
+#: ``--total-frames 2048`` once sat silent for ten minutes: its learning_starts is 10,000).
+BELOW_WARM_UP: dict[str, list[str]] = {
+    "dqn_multiasync.py": ["--total-frames", "2048"],  # learning_starts: 10,000
+    "ppo_cartpole.py": ["--total-frames", "512"],  # frames_per_batch: 1,024
+    "ppo_multisync.py": ["--total-frames", "512"],
+    "distributed_train.py": ["--total-frames", "512"],
+    "ray_train.py": ["--total-frames", "512"],
+    "tool_use_async.py": ["--total-frames", "1024"],  # frames_per_batch: 4,096
+    "torchrl_ppo.py": ["--total-frames", "500"],  # frames_per_batch: 1,000
+}
+
+#: Seconds a refused command line may take: the interpreter and the example's imports only.
+REFUSAL_TIMEOUT = 30
+
 #: Examples that need an optional dependency (the module they import), skipped without it.
 NEEDS: dict[str, str] = {"torchrl_ppo.py": "torchrl"}
 
@@ -106,6 +124,42 @@ def test_example_runs_at_tiny_size(path: Path) -> None:
     assert re.search(rf"\bafter {total_frames} frames\b", lines[-2]), report
     assert lines[-1].startswith("final mean return"), report
     assert not leaked, f"examples/{path.name} left processes behind:\n  " + "\n  ".join(leaked)
+
+
+@pytest.mark.timeout(REFUSAL_TIMEOUT + 30)
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_example_with_a_budget_below_its_warm_up_ends_at_once_with_an_argument_error(path: Path) -> None:
+    if path.name not in BELOW_WARM_UP:
+        pytest.fail(
+            f"examples/{path.name} has no entry in BELOW_WARM_UP of {Path(__file__).name}; add a --total-frames "
+            "smaller than what the example collects before its first update",
+            pytrace=False,
+        )
+    if path.name in NEEDS:
+        pytest.importorskip(NEEDS[path.name])
+    args = BELOW_WARM_UP[path.name]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    start = time.monotonic()
+    proc, leaked = run_script([sys.executable, str(path), *args], timeout=REFUSAL_TIMEOUT, cwd=ROOT, env=env)
+    took = time.monotonic() - start
+    report = (
+        f"exit code {proc.returncode} after {took:.1f}s\n--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}"
+    )
+    # argparse's exit code for a refused command line: the check ran before anything started.
+    assert proc.returncode == 2, report
+    error = proc.stderr.strip().splitlines()[-1]
+    assert "error: " in error and f"--total-frames ({args[1]})" in error, report  # names the value it refused
+    assert "raise --total-frames" in error, report  # the message says how to fix it
+    assert not proc.stdout, report  # nothing ran: no progress bar, no summary
+    assert not leaked, f"examples/{path.name} left processes behind:\n  " + "\n  ".join(leaked)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_example_defaults_pass_its_own_argument_checks(path: Path) -> None:
+    if path.name in NEEDS:
+        pytest.importorskip(NEEDS[path.name])
+    module = runpy.run_path(str(path), run_name="example_under_test")
+    assert module["check_args"](module["Args"]()) == []
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])

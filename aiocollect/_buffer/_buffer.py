@@ -8,13 +8,15 @@ collector and a trainer may run on different event loops or threads.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
+import anyio
 import torch
 from tensordict import TensorDictBase
 
-from .._core._errors import BufferClosedError, BufferEmptyError, WouldBlock
+from .._core._errors import BufferClosedError, BufferEmptyError, BufferTimeoutError, WouldBlock
 from .._core._notify import Notifier
 from .._core._stats import BufferStats
 from .._core._threads import to_thread
@@ -25,6 +27,7 @@ from ._ratelimit import RateLimiter
 from ._reservations import Reservation, ReservationsMixin
 from ._samplers import SampleContext, make_sampler
 from ._storage import Storage, frame_layout, make_storage
+from ._writers import Writers, WritersMixin, check_timeout
 
 __all__ = ["ReplayBuffer", "Reservation"]
 
@@ -36,7 +39,7 @@ def _leaves(td: TensorDictBase) -> Any:
     return td.items(include_nested=True, leaves_only=True)
 
 
-class ReplayBuffer(ReservationsMixin, InspectMixin, BufferPersistence):
+class ReplayBuffer(ReservationsMixin, InspectMixin, BufferPersistence, WritersMixin):
     """A replay buffer whose writers and readers ``await`` each other instead of polling.
 
     Frames live in a preallocated ring (`MemoryStorage` by default, `SharedMemoryStorage`
@@ -124,7 +127,7 @@ class ReplayBuffer(ReservationsMixin, InspectMixin, BufferPersistence):
         self._insert_wait = self._sample_wait = 0.0
         self._error: BaseException | None = None
         self._error_delivered = False
-        self._writers, self._writers_seen = 0, False
+        self._writers = Writers()
         self._frame_nbytes = 0
         self._closed = False
 
@@ -192,20 +195,8 @@ class ReplayBuffer(ReservationsMixin, InspectMixin, BufferPersistence):
             return True
         # Once every collector that fed the buffer has finished, nothing will be inserted
         # any more: the ratio no longer holds samplers back (min_size still does).
-        done = self._writers_seen and self._writers == 0
+        done = self._writers.all_done
         return self._num_valid > 0 and self._limiter.sample_allowed(self._written, self._sampled, ratio=not done)
-
-    def attach_writer(self) -> None:
-        """Register a collector that will feed the buffer (collectors call this themselves)."""
-        with self._lock:
-            self._writers += 1
-            self._writers_seen = True
-
-    def detach_writer(self) -> None:
-        """A collector has stopped feeding the buffer; when none is left, samplers stop waiting on the ratio."""
-        with self._lock:
-            self._writers = max(0, self._writers - 1)
-        self._notifier.notify_all()
 
     async def _wait(self, predicate: Callable[[], bool]) -> float:
         """Wait for ``predicate``; return the seconds spent blocked on it (0.0 if it held at once)."""
@@ -343,14 +334,18 @@ class ReplayBuffer(ReservationsMixin, InspectMixin, BufferPersistence):
             td.set(k, v)
         return td if self.transform is None else self.transform(td)
 
-    async def sample(self, batch_size: int | None = None) -> TensorDictBase:
+    async def sample(self, batch_size: int | None = None, *, timeout: float | None = None) -> TensorDictBase:
         """Sample frames, waiting until ``min_size`` is reached and the rate limiter allows it.
 
         Once every collector feeding the buffer has finished, only ``min_size`` is waited
-        for: nothing more will be inserted, so the ratio no longer holds sampling back.
+        for: nothing more will be inserted, so the ratio no longer holds sampling back. A
+        sample that the stored frames cannot serve then raises `BufferStarvedError` at once
+        instead of waiting for frames that will never come.
 
         Args:
             batch_size: Frames to sample (default: the buffer's ``batch_size``).
+            timeout: Seconds to wait at most (``None``: no limit), as Reverb's
+                ``rate_limiter_timeout_ms``.
 
         Returns:
             A TensorDict ``[batch_size]`` with the stored keys, ``"index"`` (ring positions) and
@@ -360,26 +355,50 @@ class ReplayBuffer(ReservationsMixin, InspectMixin, BufferPersistence):
 
         Raises:
             WorkerError: A collector feeding this buffer in the background failed.
+            BufferStarvedError: Every collector registered with the buffer has finished and
+                the stored frames cannot serve the sample (below ``min_size``, say); a
+                collector's failure is its ``__cause__``.
+            BufferTimeoutError: ``timeout`` passed first (a `TimeoutError`).
         """
         bs = self._batch_size(batch_size)
+        limit = check_timeout(timeout, "sample_nowait()")
+        with anyio.move_on_after(math.inf if limit is None else limit):
+            return await self._sample_waiting(bs)
+        with self._lock:
+            raise BufferTimeoutError(self._account("sample()", self._sample_need(bs), limit))
+
+    async def _sample_waiting(self, bs: int) -> TensorDictBase:
+        done = self._writers
         while True:
             self._raise_if_unusable()
-            waited = await self._wait(self._sample_allowed)
+            waited = await self._wait(lambda: self._sample_allowed() or done.all_done)
             with self._lock:
                 self._sample_wait += waited
                 written = self._written
             try:
                 if bs * self._frame_nbytes > _INLINE_BYTES:
-                    td = await to_thread(self._sample_now, bs)
+                    # Shielded: a sample taken in the thread and then abandoned would be lost.
+                    with anyio.CancelScope(shield=True):
+                        td = await to_thread(self._sample_now, bs)
                 else:
                     td = self._sample_now(bs)
                 if td is not None:
                     return td
+                with self._lock:
+                    if done.all_done and not self._sample_allowed():
+                        raise self._starved("sample()", self._sample_need(bs))
             except BufferEmptyError:
                 # The sampler needs more than is stored (e.g. a whole slice): wait for a write.
-                waited = await self._wait(
-                    lambda w=written: self._written > w or self._error is not None or self._closed
-                )
+                with self._lock:
+                    if done.all_done:
+                        sampler = type(self.sampler).__name__
+                        need = (f"frames its {sampler} can return ({bs} asked)", "lower batch_size or the slice length")
+                        raise self._starved("sample()", need) from None
+
+                def written_since(w: int = written) -> bool:
+                    return self._written > w or self._error is not None or self._closed or done.all_done
+
+                waited = await self._wait(written_since)
                 with self._lock:
                     self._sample_wait += waited
 
@@ -395,15 +414,36 @@ class ReplayBuffer(ReservationsMixin, InspectMixin, BufferPersistence):
         assert td is not None
         return td
 
-    async def wait_for(self, n: int) -> None:
-        """Wait until at least ``n`` frames are stored (``len(buffer) >= n``)."""
+    async def wait_for(self, n: int, *, timeout: float | None = None) -> None:
+        """Wait until at least ``n`` frames are stored (``len(buffer) >= n``).
+
+        Args:
+            n: Frames to wait for (at most the capacity).
+            timeout: Seconds to wait at most (``None``: no limit).
+
+        Raises:
+            BufferStarvedError: Every collector registered with the buffer has finished with
+                fewer than ``n`` frames stored.
+            BufferTimeoutError: ``timeout`` passed first (a `TimeoutError`).
+        """
         n = check_int("n", n, minimum=0)
+        limit = check_timeout(timeout)
         cap = self.storage.capacity or self.capacity  # ndim=2 storage rounds down to whole rows
         if n > cap:
             raise ValueError(f"wait_for({n}) can never return: the buffer holds at most {cap} frames")
+        need = (f"{n} stored frames", "wait for fewer frames, or raise the collectors' total_frames")
         self._raise_if_unusable()
-        await self._wait(lambda: self._num_valid >= n or self._error is not None or self._closed)
-        self._raise_if_unusable()
+        with anyio.move_on_after(math.inf if limit is None else limit):
+            await self._wait(
+                lambda: self._num_valid >= n or self._error is not None or self._closed or self._writers.all_done
+            )
+            self._raise_if_unusable()
+            with self._lock:
+                if self._num_valid < n:
+                    raise self._starved(f"wait_for({n})", need)
+            return
+        with self._lock:
+            raise BufferTimeoutError(self._account(f"wait_for({n})", need, limit))
 
     def update_priority(self, index: torch.Tensor, priority: torch.Tensor | float) -> None:
         """Set the priorities of frames (``index`` as returned in a sample's ``"index"``)."""

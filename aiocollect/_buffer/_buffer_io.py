@@ -106,9 +106,11 @@ def _mismatches(rb: Buffer, meta: dict[str, Any], layout: Layout) -> tuple[list[
     if st.built and not layout:
         problems.append("the saved buffer was saved before its first write, this one already stores frames")
     elif st.built:
-        mine = {k: (shape, dtype) for k, shape, dtype in st.layout}
+        stored = {k: (shape, dtype) for k, shape, dtype in st.layout}
         theirs = {k: (shape, dtype) for k, shape, dtype in layout}
-        diff = sorted(str(k) for k in set(mine) ^ set(theirs)) or sorted(str(k) for k in mine if mine[k] != theirs[k])
+        diff = sorted(str(k) for k in set(stored) ^ set(theirs)) or sorted(
+            str(k) for k in stored if stored[k] != theirs[k]
+        )
         if diff:
             problems.append(f"the saved buffer's entries {diff} differ (keys, frame shapes or dtypes) from this one's")
         elif st.ndim == 2 and meta["row_length"] != st.row_length:
@@ -275,7 +277,7 @@ class BufferPersistence:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: frames, validity, counters, sampler and RNG state."""
-        return state_dict(self)  # type: ignore[arg-type]
+        return state_dict(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a `state_dict`; nothing changes if it does not fit.
@@ -290,12 +292,12 @@ class BufferPersistence:
                 difference) or is damaged; the buffer is left unchanged.
             RuntimeError: Frames are being written.
         """
-        load_state_dict(self, state)  # type: ignore[arg-type]
+        load_state_dict(self, state)
         self._notifier.notify_all()  # type: ignore[attr-defined]
 
     def dumps(self, path: str) -> None:
         """Write the buffer (frames as memory-mapped files, plus its state) to directory ``path``."""
-        dumps(self, path)  # type: ignore[arg-type]
+        dumps(self, path)
 
     def loads(self, path: str) -> None:
         """Restore a buffer written by `dumps` (the frame files are mapped, then copied in).
@@ -308,5 +310,5 @@ class BufferPersistence:
             ValueError: As `load_state_dict`, or frame files are missing or short; the
                 buffer is left unchanged (its storage is not built).
         """
-        loads(self, path)  # type: ignore[arg-type]
+        loads(self, path)
         self._notifier.notify_all()  # type: ignore[attr-defined]

@@ -113,8 +113,9 @@ class PrioritizedSampler(Sampler):
             raise ValueError(f"index and priority must have the same length, got {n} and {m}")
         if (bad := ~(np.isfinite(prio) & (prio >= 0))).any():
             raise ValueError(f"priority must be finite and >= 0, got {prio[bad][0]}")
-        if (bad := (idx < 0) | (idx >= self.capacity)).any():
-            raise ValueError(f"index must be in [0, {self.capacity}), got {idx[bad][0]}")
+        cap = self._built_capacity()
+        if (bad := (idx < 0) | (idx >= cap)).any():
+            raise ValueError(f"index must be in [0, {cap}), got {idx[bad][0]}")
         # numpy leaves repeated assignment unspecified: keep each index's last occurrence.
         uniq, first_reversed = np.unique(idx[::-1], return_index=True)
         raw = prio[idx.size - 1 - first_reversed] + self.eps
@@ -152,11 +153,11 @@ class PrioritizedSampler(Sampler):
         return torch.from_numpy(node - self._leaf0), {"_weight": torch.from_numpy(weight)}
 
     def _state(self) -> dict[str, Any]:  # the tree leaves; inner nodes are rebuilt on load
-        leaves = torch.from_numpy(self._sum[self._leaf0 : self._leaf0 + self.capacity].copy())
+        leaves = torch.from_numpy(self._sum[self._leaf0 : self._leaf0 + self._built_capacity()].copy())
         return {"priorities": leaves, "max_priority": self.max_priority}
 
     def _load(self, state: Mapping[str, Any]) -> None:
-        self._set(np.arange(self.capacity), torch.as_tensor(state["priorities"]).double().numpy())
+        self._set(np.arange(self._built_capacity()), torch.as_tensor(state["priorities"]).double().numpy())
         self.max_priority = float(state["max_priority"])
 
     def _state_problem(self, state: Any) -> str | None:
@@ -168,6 +169,6 @@ class PrioritizedSampler(Sampler):
             return f"the saved priorities must be a 1-D tensor of {cap} values, got {prio!r}"
         if not bool((torch.isfinite(prio) & (prio >= 0)).all()):
             return "the saved priorities must be finite and >= 0"
-        if isinstance(top, bool) or not isinstance(top, numbers.Real) or not 0 < top < float("inf"):
+        if isinstance(top, bool) or not isinstance(top, numbers.Real) or not 0 < float(top) < float("inf"):
             return f"the saved max_priority must be a finite float > 0, got {top!r}"
         return None

@@ -9,8 +9,9 @@ so concurrent writers cannot both slip through).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -36,8 +37,25 @@ class ReservationsMixin:
     """Mixed into `ReplayBuffer` (whose state these methods use), to keep its module small."""
 
     _lock: Any
+    _notifier: Any
     storage: Any
     sampler: Any
+    max_policy_lag: int | None
+    _valid: torch.Tensor
+    _num_valid: int
+    _cursor: int
+    _size: int
+    _in_flight: int
+    _written: int
+    _policy_version: int
+    _stale_dropped: int
+    _insert_wait: float
+
+    if TYPE_CHECKING:  # provided by ReplayBuffer
+
+        def _raise_if_unusable(self) -> None: ...
+        def _insert_allowed(self, n: int) -> bool: ...
+        async def _wait(self, predicate: Callable[[], bool]) -> float: ...
 
     async def reserve(self, n: int, batch_shape: tuple[int, ...]) -> Reservation:
         """Wait until ``n`` frames may be written, then hand out the rows to write them to.

@@ -33,13 +33,16 @@ _BOOL, _INT, _FLOAT, _POS = "a bool", "an int >= 1", "a finite float >= 0", "a f
 
 def _check(name: str, value: Any, rule: str) -> Any:
     kind = bool if rule == _BOOL else numbers.Integral if rule == _INT else numbers.Real
-    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+    # Checked into a flag rather than narrowed: typeshed's numbers.Real has no __int__.
+    right_kind = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+    if not right_kind:
         raise TypeError(f"{name} must be {rule}, got {value!r}")
     if kind is bool:
         return value
-    if not (1 if rule == _INT else 0) <= value < math.inf or (rule == _POS and value == 0):
+    number = float(value)
+    if not (1 if rule == _INT else 0) <= number < math.inf or (rule == _POS and number == 0):
         raise ValueError(f"{name} must be {rule}, got {value!r}")
-    return int(value) if rule == _INT else float(value)
+    return int(value) if rule == _INT else number
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,12 @@ class Sampler(ABC):
             capacity: Number of frames the storage holds, an int >= 1.
         """
         self.capacity = _check("capacity", capacity, _INT)
+
+    def _built_capacity(self) -> int:
+        """The capacity `reset` set: the buffer calls the sampler only once its storage is built."""
+        if self.capacity is None:
+            raise RuntimeError(f"this {type(self).__name__} has no capacity yet: the buffer has stored no frame")
+        return self.capacity
 
     def extend(self, index: torch.Tensor) -> None:  # noqa: B027 - optional hook
         """Note that new data was committed at ``index``.
@@ -338,7 +347,7 @@ class SamplerWithoutReplacement(Sampler):
             return f"the saved epoch order ('perm') must be a 1-D int64 tensor, got {perm!r}"
         if perm.numel() and not (0 <= int(perm.min()) and int(perm.max()) < cap):
             return f"the saved epoch order ('perm') must hold indices in [0, {cap})"
-        if isinstance(pos, bool) or not isinstance(pos, numbers.Integral) or not 0 <= pos <= perm.numel():
+        if isinstance(pos, bool) or not isinstance(pos, numbers.Integral) or not 0 <= int(pos) <= perm.numel():
             return f"the saved epoch position ('pos') must be an int in [0, {perm.numel()}], got {pos!r}"
         if not isinstance(stale, torch.Tensor) or stale.dtype != torch.bool or tuple(stale.shape) != (cap,):
             return f"the saved 'stale' mask must be a bool tensor [{cap}], got {stale!r}"

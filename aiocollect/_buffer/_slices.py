@@ -84,6 +84,7 @@ class SliceSampler(Sampler):
                 in what is stored.
         """
         given = self.slice_len or self.num_slices
+        assert given is not None  # the constructor requires one of the two
         if _check("batch_size", batch_size, _INT) % given:
             by = "slice_len" if self.slice_len else "num_slices"
             raise ValueError(f"batch_size {batch_size} is not divisible by {by} {given}")

@@ -65,10 +65,10 @@ class TorchRLBufferSink:
         """Frames written so far (what ``init_random_frames`` counts against)."""
         return self._written
 
-    def attach_writer(self) -> None:
+    def attach_writer(self, name: str = "a collector") -> None:
         """A collector starts writing (TorchRL buffers do not track writers)."""
 
-    def detach_writer(self) -> None:
+    def detach_writer(self, record: object = None, *, ending: str = "", error: BaseException | None = None) -> None:
         """A collector stopped writing."""
 
     def fail(self, error: BaseException) -> None:

@@ -78,6 +78,7 @@ class CollectorLifecycle(BackgroundMixin, BatchPipeline):
         self._max_queued_batches = max_queued_batches
         self._frames = 0
         self._batches = 0
+        self._failure: BaseException | None = None  # what ended collection, for the replay buffer's account
         self._collect_time = 0.0
         self._closed = False
         self._started = False
@@ -118,7 +119,7 @@ class CollectorLifecycle(BackgroundMixin, BatchPipeline):
                 raise
             self._started = True
             if self._rb is not None:
-                self._rb.attach_writer()
+                self._writer = self._rb.attach_writer(type(self).__name__)
                 self._writing = True
 
     async def __aenter__(self) -> Any:
@@ -194,10 +195,17 @@ class CollectorLifecycle(BackgroundMixin, BatchPipeline):
             self._finalize()
 
     def _writer_done(self) -> None:
-        """Tell the replay buffer this collector will write no more (once)."""
+        """Tell the replay buffer this collector will write no more, and how it ended (once)."""
         if getattr(self, "_writing", False):
             self._writing = False
-            self._rb.detach_writer()
+            error = self._failure or self._bg_error
+            if error is not None:
+                ending = f"failed with {type(error).__name__}: {error}"
+            elif self._exhausted():
+                ending = f"spent its frame budget of {int(self._total_frames)} frames"
+            else:
+                ending = f"was shut down after {self._frames} frames"
+            self._rb.detach_writer(self._writer, ending=ending, error=error)
 
     # -- iteration ---------------------------------------------------------------------------
     def _exhausted(self) -> bool:
@@ -235,6 +243,7 @@ class CollectorLifecycle(BackgroundMixin, BatchPipeline):
                         break
                     await self._send.send(item)
         except Exception as exc:
+            self._failure = exc
             try:
                 await self._send.send(_Failure(exc))
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
@@ -267,7 +276,8 @@ class CollectorLifecycle(BackgroundMixin, BatchPipeline):
             raise CollectorClosedError(f"this {type(self).__name__} was shut down; create a new one")
         try:
             item = await self._next_item()
-        except Exception:
+        except Exception as exc:
+            self._failure = exc
             await self.aclose()
             raise
         if item is _NOTHING:
@@ -295,7 +305,7 @@ class CollectorLifecycle(BackgroundMixin, BatchPipeline):
             **self._env_counts(),
         )
 
-    def _env_counts(self) -> dict[str, int]:
+    def _env_counts(self) -> dict[str, Any]:
         """Env steps recorded as truncations instead of raised; collectors that own an env say."""
         return {}
 

@@ -8,6 +8,8 @@ __all__ = [
     "AiocollectError",
     "BufferClosedError",
     "BufferEmptyError",
+    "BufferStarvedError",
+    "BufferTimeoutError",
     "CollectorClosedError",
     "EnvOutputError",
     "EnvTimeoutError",
@@ -39,6 +41,22 @@ class BufferClosedError(AiocollectError):
 
 class BufferEmptyError(WouldBlock, LookupError):
     """Raised when a replay buffer holds nothing that can be sampled yet (``sample_nowait()``)."""
+
+
+class BufferStarvedError(AiocollectError, RuntimeError):
+    """Raised when a replay-buffer wait can never end: every collector writing into the buffer has finished.
+
+    The message names what the call waited for, what the buffer holds and how each collector
+    ended; when one failed, its error is attached as ``__cause__``.
+    """
+
+
+class BufferTimeoutError(AiocollectError, TimeoutError):
+    """Raised when ``sample(timeout=...)`` or ``wait_for(..., timeout=...)`` waited that long in vain.
+
+    The message gives the same account as `BufferStarvedError`: what the call waited for,
+    what the buffer holds and which collectors still write into it.
+    """
 
 
 class PolicyOutputError(AiocollectError, ValueError):
@@ -178,11 +196,11 @@ def worker_error_from_message(worker_id: int, pid: int | None, msg: Any) -> Work
     import pickle
 
     step, payload, text, tb = msg.step, msg.exception, msg.summary, msg.traceback
-    err = WorkerError(worker_id, pid, step, str(text))  # type: ignore[arg-type]
+    err = WorkerError(worker_id, pid, step, str(text))
     original: BaseException | None = None
     if payload is not None:
         try:
-            original = pickle.loads(payload)  # type: ignore[arg-type]
+            original = pickle.loads(payload)
         except Exception:
             original = None
     cause = _RemoteTraceback(str(tb))
@@ -216,10 +234,12 @@ def warn_user(message: str, category: type[Warning]) -> None:
     (a blocking twin's portal), the warning points at the outermost aiocollect frame.
     """
     import sys
+    import types
     import warnings
 
     skip = _internal_prefixes()
-    frame, level, last = sys._getframe(1), 2, 2
+    frame: types.FrameType | None = sys._getframe(1)
+    level, last = 2, 2
     while frame is not None:
         name = frame.f_code.co_filename
         if not name.startswith(skip):
