@@ -10,6 +10,35 @@ The check is deliberately lenient where the platform is noisy (a small fd slack,
 process-wide helper threads and processes that live for the whole session) and strict
 everywhere else: a ``threading.Thread`` or a child process that a test leaves running
 is reported.
+
+What is the test's. Threads, child processes and fds are per-process by construction:
+threads are this interpreter's, child processes are this process's descendants, and fds
+are counted in this process's own ``/proc/self/fd``, so another program on the machine
+never shows up in them. ``/dev/shm`` is shared by the whole machine, so a new entry in it
+is a leak of the test only if it is attributable to the test's process tree: this process
+and every descendant any snapshot of the comparison saw (``Snapshot.pids``). Deciding in
+this order, a new entry is *not* the test's when
+
+1. it is gone by the time it is looked at (it was released, not leaked);
+2. it belongs to another user (everything the test starts runs as this user);
+3. its name names its creator's pid (``SHM_NAME_PIDS``: torch's ``torch_<pid>_...``,
+   multiprocessing's heap arenas ``pym-<pid>-...``) and that pid is alive outside the
+   tree; a name naming a pid of the tree makes it the test's whatever else holds it;
+4. it is mapped or open (``/proc/<pid>/maps``, ``/proc/<pid>/fd``, matched by inode:
+   glibc maps a named semaphore under the temporary name it created it with) only by
+   processes outside the tree. Held by any process of the tree, it is the test's.
+
+An entry that nobody holds and whose name says nothing (``sem.mp-*`` from
+``multiprocessing.synchronize``, ``psm_*`` from ``multiprocessing.shared_memory``: both
+random) is attributed to the test: that is what an entry leaked by a test's exited child
+looks like. It is looked at twice, a moment apart, before that verdict, and it keeps
+:func:`wait_for_no_leaks` polling, so it is reported only if it is still there, still
+unheld, when the grace period is over: a foreign program may close an entry just before
+it unlinks it. aiocollect itself names nothing in ``/dev/shm`` (its blocks are memfds).
+
+Blind spots, shared with the process check: a process the test double-forks away from its
+tree is not the test's, nor is what it holds; and a name naming a pid that has exited and
+was never seen in the tree says nothing (rule 4 decides).
 """
 
 from __future__ import annotations
@@ -23,7 +52,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 try:  # psutil comes with the ``test`` extra; fall back to /proc without it.
     import psutil
@@ -34,6 +63,7 @@ __all__ = [
     "FD_SLACK",
     "IGNORED_CHILD_CMDLINE",
     "IGNORED_THREAD_NAMES",
+    "SHM_NAME_PIDS",
     "LeakError",
     "Snapshot",
     "check_no_leaks",
@@ -66,8 +96,17 @@ IGNORED_CHILD_CMDLINE: tuple[re.Pattern[str], ...] = (
     re.compile(r"multiprocessing\.forkserver"),
 )
 
+#: ``/dev/shm`` entry names that embed the pid of the process that created them.
+SHM_NAME_PIDS: tuple[re.Pattern[str], ...] = (
+    re.compile(r"^torch_(\d+)_"),  # torch's file_system sharing strategy: /torch_<pid>_<random>_<n>
+    re.compile(r"^pym-(\d+)-"),  # multiprocessing.heap arenas (unlinked at once; seen in between)
+)
+
 _SHM_DIR = "/dev/shm"
 _FD_DIR = "/proc/self/fd"
+
+#: How long an unheld, unnamed new entry is given before it is looked at again (seconds).
+_SHM_RECHECK = 0.05
 
 
 class LeakError(AssertionError):
@@ -86,6 +125,19 @@ class Snapshot:
     shm: frozenset[str] = field(default_factory=frozenset)
     #: number of open file descriptors of this process.
     fd_count: int = 0
+    #: pids of the tree seen by earlier snapshots of the same comparison (`wait_for_no_leaks`
+    #: adds them); a child that has exited since still owns what its pid names.
+    seen_pids: frozenset[int] = field(default_factory=frozenset)
+    # Verdicts on new /dev/shm entries, made the first time `find_leaks` asks: a repeated
+    # comparison of the same snapshots gives the same answer however /dev/shm moved on.
+    _shm_verdicts: dict[tuple[str, frozenset[int]], str | None] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    @property
+    def pids(self) -> frozenset[int]:
+        """This process, its descendants at the time and ``seen_pids``: the test's tree."""
+        return frozenset({os.getpid(), *(pid for pid, _ in self.children), *self.seen_pids})
 
 
 def _threads() -> frozenset[threading.Thread]:
@@ -154,6 +206,120 @@ def _shm() -> frozenset[str]:
         return frozenset()
 
 
+def _named_pid(name: str) -> int | None:
+    for pattern in SHM_NAME_PIDS:
+        m = pattern.match(name)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2 :][:1] not in (b"Z", b"X")  # a zombie holds nothing any more
+
+
+def _shm_holders(inodes: dict[tuple[int, int], str], tree: frozenset[int]) -> dict[str, set[int]]:
+    """Pids that map or have open each entry, by ``(st_dev, st_ino) -> name``.
+
+    The tree is read first, then every other process (an entry held by someone else is
+    someone else's) until each entry has a holder: which other processes hold it changes
+    nothing. Processes this user may not inspect are skipped: they run as another user, and
+    what they create belongs to that user (rule 2 of the module docstring).
+    """
+    holders: dict[str, set[int]] = {name: set() for name in inodes.values()}
+    shm_prefix = _SHM_DIR.encode() + b"/"
+    others = sorted(int(e) for e in os.listdir("/proc") if e.isdigit() and int(e) not in tree)
+    for pid in [*sorted(tree), *others]:
+        if pid not in tree and all(holders.values()):
+            break
+        try:
+            with open(f"/proc/{pid}/maps", "rb") as f:
+                maps = f.read()
+        except OSError:
+            maps = b""
+        if shm_prefix in maps:
+            for line in maps.splitlines():
+                fields = line.split(None, 5)
+                if len(fields) < 6 or not fields[5].startswith(shm_prefix):
+                    continue
+                major, _, minor = fields[3].partition(b":")
+                name = inodes.get((os.makedev(int(major, 16), int(minor, 16)), int(fields[4])))
+                if name is not None:
+                    holders[name].add(pid)
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            path = f"/proc/{pid}/fd/{fd}"
+            try:
+                if not os.readlink(path).startswith(_SHM_DIR + "/"):
+                    continue
+                st = os.stat(path)
+            except OSError:
+                continue
+            name = inodes.get((st.st_dev, st.st_ino))
+            if name is not None:
+                holders[name].add(pid)
+    return holders
+
+
+def _shm_not_the_tests(names: set[str], tree: frozenset[int]) -> dict[str, str | None]:
+    """Judge new /dev/shm entries: ``None`` for the test's, else why it is not (module docstring)."""
+    verdicts: dict[str, str | None] = {}
+    pending = set(names)
+    pause = threading.Event()  # never set: wait() is an interruptible sleep
+    for look in range(2):
+        inodes: dict[tuple[int, int], str] = {}
+        for name in sorted(pending):
+            try:
+                st = os.lstat(os.path.join(_SHM_DIR, name))
+            except OSError:
+                verdicts[name] = "gone"
+                continue
+            pid = _named_pid(name)
+            if st.st_uid != os.geteuid():
+                verdicts[name] = f"owned by uid {st.st_uid}"
+            elif pid is not None and pid in tree:
+                verdicts[name] = None
+            elif pid is not None and _pid_alive(pid):
+                verdicts[name] = f"named after pid {pid}, which is not the test's"
+            else:
+                inodes[(st.st_dev, st.st_ino)] = name
+        pending = set()
+        for name, pids in _shm_holders(inodes, tree).items() if inodes else ():
+            if pids & tree:
+                verdicts[name] = None
+            elif pids:
+                verdicts[name] = f"held only by pids {sorted(pids)}, which are not the test's"
+            elif not os.path.lexists(os.path.join(_SHM_DIR, name)):
+                verdicts[name] = "gone"  # released while the holders were read
+            else:
+                pending.add(name)
+        if not pending:
+            break
+        if look == 0:
+            pause.wait(_SHM_RECHECK)
+    for name in pending:  # nobody holds it, twice: strict
+        verdicts[name] = None
+    return verdicts
+
+
+def _new_shm_of_the_test(before: Snapshot, after: Snapshot) -> list[str]:
+    tree = before.pids | after.pids
+    new = after.shm - before.shm
+    unjudged = {name for name in new if (name, tree) not in after._shm_verdicts}
+    if unjudged:
+        for name, verdict in _shm_not_the_tests(unjudged, tree).items():
+            after._shm_verdicts[(name, tree)] = verdict
+    return sorted(name for name in new if after._shm_verdicts[(name, tree)] is None)
+
+
 def _fd_count() -> int:
     try:
         return len(os.listdir(_FD_DIR))
@@ -182,7 +348,9 @@ def _child_ignored(cmdline: str) -> bool:
 def find_leaks(before: Snapshot, after: Snapshot, *, fd_slack: int = FD_SLACK) -> list[str]:
     """Describe every resource in ``after`` that was not in ``before``.
 
-    Returns an empty list when nothing leaked.
+    Returns an empty list when nothing leaked. A new ``/dev/shm`` entry counts only if it is
+    the test's (see the module docstring); that is judged by looking at the system when first
+    asked, so call this right after taking ``after``.
     """
     problems: list[str] = []
     new_threads = sorted(
@@ -196,7 +364,7 @@ def find_leaks(before: Snapshot, after: Snapshot, *, fd_slack: int = FD_SLACK) -
         cmdline = after.children[key]
         if not _child_ignored(cmdline):
             problems.append(f"leaked child process pid={key[0]}: {cmdline}")
-    for name in sorted(after.shm - before.shm):
+    for name in _new_shm_of_the_test(before, after):
         problems.append(f"leaked /dev/shm entry {name!r}")
     if after.fd_count > before.fd_count + fd_slack:
         problems.append(
@@ -223,12 +391,16 @@ def wait_for_no_leaks(
     """Poll until nothing new is left over (or ``timeout`` passes); return the last snapshot.
 
     Threads and child processes that are shutting down get up to ``timeout`` seconds to
-    finish. The caller compares the returned snapshot with :func:`check_no_leaks`.
+    finish. The caller compares the returned snapshot with :func:`check_no_leaks`. Each
+    snapshot carries the pids of the tree that the earlier ones saw (``seen_pids``).
     """
     deadline = time.monotonic() + timeout
     pause = threading.Event()  # never set: wait() is an interruptible sleep
+    seen = before.pids
     while True:
         after = snapshot()
+        seen |= after.pids
+        after = replace(after, seen_pids=seen)
         if not find_leaks(before, after, fd_slack=fd_slack):
             return after
         remaining = deadline - time.monotonic()

@@ -5,7 +5,9 @@
   or module via ``pytestmark``) marked ``@pytest.mark.all_backends`` runs under asyncio,
   asyncio with uvloop, and trio.
 * ``no_leaks``: autouse; fails a test that leaves behind a thread, a child process, a
-  ``/dev/shm`` entry or more than a few file descriptors (see ``tests/_leaks.py``).
+  ``/dev/shm`` entry or more than a few file descriptors (see ``tests/_leaks.py``). Only
+  what the test's own process tree made counts: another program using multiprocessing on
+  the same machine does not fail the suite.
 """
 
 from __future__ import annotations
@@ -112,7 +114,9 @@ def no_leaks() -> Iterator[None]:
     """Fail the test if it leaves threads, child processes, /dev/shm entries or fds behind.
 
     Threads and child processes get up to ``LEAK_TIMEOUT`` (5 s) after the test to finish
-    on their own; whatever is still there then is reported as an error at teardown.
+    on their own; whatever is still there then is reported as an error at teardown. A new
+    /dev/shm entry counts only if it is attributable to the test's process tree (the rule is
+    in ``tests/_leaks.py``); `find_leaks` reuses the verdicts the wait made on ``after``.
     """
     before = take_snapshot()
     yield
