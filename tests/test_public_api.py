@@ -21,7 +21,12 @@ import dataclasses
 import importlib
 import importlib.metadata
 import inspect
+import json
+import re
+import subprocess
+import sys
 import types
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -190,7 +195,8 @@ def test_installed_version_matches_source() -> None:
     assert installed == __version__
 
 
-TWINS = ["Collector", "MultiSyncCollector", "MultiAsyncCollector", "AsyncCollector", "ReplayBuffer"]
+NODE_COLLECTORS = ["DistributedCollector", "DistributedSyncCollector", "RPCCollector", "RayCollector"]
+TWINS = ["Collector", "MultiSyncCollector", "MultiAsyncCollector", "AsyncCollector", *NODE_COLLECTORS, "ReplayBuffer"]
 
 
 @pytest.mark.parametrize("name", TWINS)
@@ -229,3 +235,166 @@ def test_multi_collectors_take_every_collector_argument(name: str) -> None:
         getattr(aiocollect, name)(
             "CartPole-v1", num_workers=1
         ) if name != "AsyncCollector" else aiocollect.AsyncCollector("CartPole-v1")
+
+
+@pytest.mark.parametrize("name", NODE_COLLECTORS)
+def test_node_collectors_have_full_signatures(name: str) -> None:
+    # Every argument named, annotated and with its default, as the multi-process collectors.
+    import aiocollect
+
+    cls = getattr(aiocollect, name)
+    params = inspect.signature(cls).parameters
+    assert not [p for p in params.values() if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+    assert not [n for n, p in params.items() if p.annotation is inspect.Parameter.empty]
+    assert params["frames_per_batch"].default is inspect.Parameter.empty
+    for arg, p in inspect.signature(aiocollect.Collector).parameters.items():
+        if arg in params:  # an argument shared with Collector has Collector's default
+            assert params[arg].default == p.default, arg
+    assert ("sync" in params) is (name != "DistributedSyncCollector")
+    assert params["update_interval"].default == (1 if name == "DistributedSyncCollector" else None)
+    with pytest.raises(TypeError, match=rf"^{name}\.__init__\(\) got an unexpected keyword argument 'frame_per_bat'$"):
+        cls(["CartPole-v1"], frame_per_bat=8)
+    with pytest.raises(TypeError, match=rf"^{name}\.__init__\(\) missing 1 required keyword-only argument"):
+        cls(["CartPole-v1"])
+
+
+# -- docstrings of the blocking twins ------------------------------------------------------------
+_SECTION = re.compile(r"^(Args|Raises|Returns|Yields|Examples?|Notes?|Attributes):$")
+
+
+def _section(doc: str, title: str) -> list[str]:
+    """The lines of a Google-style section of ``doc`` (an empty list if it has none)."""
+    lines, out, inside = inspect.cleandoc(doc).splitlines(), [], False
+    for line in lines:
+        if _SECTION.match(line):
+            inside = line == f"{title}:"
+        elif inside:
+            out.append(line)
+    return out
+
+
+def _arg_entries(doc: str) -> dict[str, str]:
+    """The entries of ``doc``'s Args section, by name, in order: each its lines, joined."""
+    entries: dict[str, list[str]] = {}
+    for line in _section(doc, "Args"):
+        match = re.match(r"^    (\*{0,2}\w+)(?: \(.*\))?:", line)
+        if match:
+            entries[match.group(1)] = [line]
+        elif line.strip() and entries:
+            entries[list(entries)[-1]].append(line)
+    return {name: "\n".join(lines) for name, lines in entries.items()}
+
+
+def _documented_args(doc: str) -> list[str]:
+    return list(_arg_entries(doc))
+
+
+def _init_params(cls: type) -> list[str]:
+    return list(inspect.signature(cls).parameters)
+
+
+#: Async classes whose own docstring documents every argument (the multi-process ones
+#: refer to `Collector` for the shared ones, through a ``**others`` entry).
+FULLY_DOCUMENTED = ["Collector", *NODE_COLLECTORS, "ReplayBuffer"]
+
+
+@pytest.mark.parametrize("name", FULLY_DOCUMENTED)
+def test_async_docstring_documents_every_argument(name: str) -> None:
+    import aiocollect
+
+    cls = getattr(aiocollect, name)
+    assert sorted(_documented_args(cls.__doc__)) == sorted(_init_params(cls))
+
+
+@pytest.mark.parametrize("name", TWINS)
+def test_twin_docstring_is_the_async_docstring_with_every_argument(name: str) -> None:
+    # help(aiocollect.MultiSyncDataCollector) describes the collector and each of its arguments.
+    import aiocollect
+    import aiocollect.blocking
+
+    async_cls, twin = getattr(aiocollect, name), getattr(aiocollect.blocking, name)
+    doc = inspect.cleandoc(twin.__doc__)
+    assert doc.startswith(f"Blocking twin of `aiocollect.{name}`")
+    assert "{args}" not in doc
+    # The async class's description, under the twin's public name.
+    assert inspect.cleandoc(async_cls.__doc__).splitlines()[0] in doc
+    # Every parameter of the signature, once, in signature order; nothing else.
+    assert _documented_args(doc) == _init_params(twin)
+    for arg, entry in _arg_entries(async_cls.__doc__).items():
+        assert arg == "**others" or entry in doc, entry  # the async class's own words
+    # The example is the blocking usage.
+    example = "\n".join(_section(doc, "Examples"))
+    assert "from aiocollect.blocking import" in example
+    assert "async " not in example and "await " not in example and "anyio.run" not in example
+    assert f"`aiocollect.{name}`" in twin.__init__.__doc__
+
+
+def test_twin_docstrings_show_in_help() -> None:
+    import pydoc
+
+    import aiocollect
+
+    text = pydoc.render_doc(aiocollect.MultiSyncDataCollector, renderer=pydoc.plaintext)
+    for arg in ("num_workers", "cat_results", "frames_per_batch", "split_trajs", "replay_buffer"):
+        assert re.search(rf"^[ |]*{arg}: [A-Z`]", text, re.MULTILINE), arg  # described, not only in the signature
+
+
+def test_a_users_own_twin_keeps_its_docstring() -> None:
+    # DataCollectorBase is public: a subclass naming its own async class is left as written.
+    import aiocollect
+
+    class MyCollector(aiocollect.DataCollectorBase):
+        """My blocking collector."""
+
+        _async_class = aiocollect.Collector
+
+    assert MyCollector.__doc__ == "My blocking collector."
+    assert inspect.signature(MyCollector) == inspect.signature(aiocollect.Collector)
+
+
+_PRIVATE_PATHS_SCRIPT = """
+import importlib, inspect, json
+import aiocollect.blocking
+found = []
+for modulename in ("aiocollect.blocking", "aiocollect", "aiocollect.testing"):  # blocking first, as a user might
+    module = importlib.import_module(modulename)
+    docs = [(modulename, module.__doc__)]
+    for name in module.__all__:
+        obj = getattr(module, name)
+        docs.append((f"{modulename}.{name}", getattr(obj, "__doc__", None)))
+        if inspect.isclass(obj):
+            for attr, value in vars(obj).items():
+                if not attr.startswith("_") or attr == "__init__":
+                    value = getattr(value, "fget", value)
+                    docs.append((f"{modulename}.{name}.{attr}", getattr(value, "__doc__", None)))
+    found += [where for where, doc in docs if isinstance(doc, str) and "aiocollect._" in doc]
+import pydoc
+for name in aiocollect.blocking.__all__:  # help() of each twin, base classes included
+    if "aiocollect._" in pydoc.render_doc(getattr(aiocollect.blocking, name), renderer=pydoc.plaintext):
+        found.append(f"help(aiocollect.blocking.{name})")
+print(json.dumps(sorted(set(found))))
+"""
+
+
+def test_public_docstrings_name_no_private_path() -> None:
+    # Run in a fresh interpreter: which paths an object shows depends on what was imported first.
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", _PRIVATE_PATHS_SCRIPT], capture_output=True, text=True, cwd=root,
+                          timeout=120, check=True)  # fmt: skip
+    assert json.loads(proc.stdout) == [], "docstrings that name a private module (aiocollect._...)"
+
+
+def test_public_submodules_are_attributes_after_a_bare_import() -> None:
+    # In a fresh interpreter: any other test may have imported the submodules already.
+    code = (
+        "import aiocollect\n"
+        "rb = aiocollect.blocking.ReplayBuffer(8)\n"
+        "rb.close()\n"
+        "print(aiocollect.blocking.Collector.__name__, aiocollect.testing.CountingEnv.__name__)\n"
+        "assert {'blocking', 'testing'} <= set(dir(aiocollect))\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, cwd=root,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["Collector", "CountingEnv"]

@@ -11,23 +11,64 @@ the first node's batch (``sync=False``), and one batch per free-running node
 
 from __future__ import annotations
 
+import re
+import textwrap
 import time
 from typing import Any
 
 import anyio
 import cloudpickle
-from tensordict import TensorDictBase
+import torch
+from tensordict import LazyStackedTensorDict, TensorDictBase
 
 from .._core._errors import CollectorClosedError
 from .._core._threads import to_thread
-from .._multi._collectors import MultiAsyncCollector, MultiSyncCollector
 from .._multi._engine import MultiCollectorBase
 from .._workers._messages import ApplyWeights
 from .._workers._weights import state_of
 from ._config import resolve_dist_config
 from ._node import NodeSpec
 
-__all__ = ["NodeCollectorBase"]
+__all__ = ["COLLECTOR_ARGS_DOC", "NodeCollectorBase", "fill_args"]
+
+#: The Args entries of the arguments every node collector takes from `Collector`, as they
+#: apply to nodes; `fill_args` puts them in place of a class docstring's ``{args}`` line.
+COLLECTOR_ARGS_DOC = """\
+policy_factory: A zero-argument callable that builds the policy on each node instead of
+    sending ``policy`` (or one per node); ``policy`` may still be given, to define the
+    weights `update_policy_weights_` sends.
+device: Default for ``env_device``, ``policy_device`` and ``storing_device``.
+storing_device: Device of the batches this process yields (moved there on arrival).
+env_device: Device the nodes move actions to before stepping their envs (one, or one
+    per node).
+policy_device: Device the nodes' policy runs on (one, or one per node).
+max_frames_per_traj: Nodes truncate (and reset) trajectories after this many steps;
+    adds ``step_count``. ``None`` or ``<= 0`` disables it.
+init_random_frames: Frames collected with random actions before the policy is used,
+    split evenly across nodes.
+reset_at_each_iter: Nodes reset every env at the start of every batch.
+postproc: A callable applied to each batch in this process (after ``split_trajs``).
+split_trajs: Split each batch into zero-padded trajectories (`split_trajectories`), in
+    this process.
+exploration_type: The ``tensordict.nn.InteractionType`` the nodes' policy runs under.
+max_queued_batches: How many batches this process may gather ahead of the consumer.
+num_threads: Torch threads of this process while the nodes run (default: the cores
+    left after one per node).
+reset_when_done: Must be True (kept for TorchRL compatibility).
+set_truncated: Mark the last step of each node's batches as truncated (the env is not
+    reset); passed on to every node.
+track_traj_ids: Write ``("collector", "traj_ids")`` (unique across nodes); passed on to
+    every node. ``split_trajs`` needs it True.
+"""
+
+
+def fill_args(cls: type, entries: str) -> None:
+    """Replace the ``{args}`` line of ``cls``'s docstring with ``entries``, indented like that line."""
+    doc = cls.__doc__ or ""
+    line = re.search(r"^( *)\{args\}$", doc, re.MULTILINE)
+    if line is None:
+        raise RuntimeError(f"the docstring of {cls.__qualname__} must hold an {{args}} line")
+    cls.__doc__ = doc[: line.start()] + textwrap.indent(entries.rstrip("\n"), line.group(1)) + doc[line.end() :]
 
 
 class NodeCollectorBase(MultiCollectorBase):
@@ -143,15 +184,35 @@ class NodeCollectorBase(MultiCollectorBase):
             await self._push_weights(due)
 
     # -- delivery ----------------------------------------------------------------------------
-    _assemble = MultiSyncCollector._assemble
-    _dispatch_idle_nowait = MultiAsyncCollector._dispatch_idle_nowait
+    # A node's batch never goes straight into a replay buffer (the transports' memory is
+    # "none"), nor is a node preempted: each policy below is the multi-worker one without those.
     _next_worker = 0
+
+    def _dispatch_idle_nowait(self) -> None:
+        """Ask every live node to collect into each of its free slots (free-running nodes)."""
+        assert self._pump is not None
+        for w in range(self._num_workers):
+            if self._pump.alive[w]:
+                for slot in list(self._idle[w]):
+                    if not self._dispatch_nowait(w, slot):
+                        return  # paused: try again after the next batch
 
     async def _take_one(self, w: int) -> TensorDictBase:
         slot, view = self._take(w)
         batch = await to_thread(view.clone)
         batch.refine_names(*([None] * (batch.ndim - 1)), "time")
         self._release_slot(w, slot, commit=False)
+        return batch
+
+    async def _take_every_node(self) -> TensorDictBase:
+        """Wait for a batch of every node and stack them in node order: ``[nodes, *node_batch]``."""
+        assert self._pump is not None
+        pump, n = self._pump, self._num_workers
+        await pump.until(lambda: all(pump.pending[w] for w in range(n)))
+        taken = [self._take(w) for w in range(n)]
+        batch = await to_thread(_stack, [view for _, view in taken])
+        for w, (slot, _) in enumerate(taken):
+            self._release_slot(w, slot, commit=False)
         return batch
 
     async def _first_node(self) -> TensorDictBase | None:
@@ -175,21 +236,31 @@ class NodeCollectorBase(MultiCollectorBase):
     async def _every_node(self) -> TensorDictBase | None:
         """One batch from every node (free-running nodes), stacked in node order."""
         await self._ensure_started()
-        assert self._pump is not None
-        pump, n = self._pump, self._num_workers
         start = time.perf_counter()
         self._dispatch_idle_nowait()
-        await pump.until(lambda: all(pump.pending[w] for w in range(n)))
-        taken = [self._take(w) for w in range(n)]
-        batch = await to_thread(self._assemble, [view for _, view in taken])
-        for w, (slot, _) in enumerate(taken):
-            self._release_slot(w, slot, commit=False)
-        await self._after_batch(list(range(n)))
+        batch = await self._take_every_node()
+        await self._after_batch(list(range(self._num_workers)))
         self._dispatch_idle_nowait()
         return await self._deliver(batch, batch.numel(), start, post=self._post_in_parent)
 
     async def _on_demand(self) -> TensorDictBase | None:
         """Every node's share, collected after any weight update (TorchRL's sync mode)."""
-        batch = await MultiSyncCollector._collect_one(self)  # type: ignore[arg-type]
+        await self._ensure_started()
+        if self._mc.update_at_each_batch:
+            await self.update_policy_weights_()
+        start = time.perf_counter()
+        for w in range(self._num_workers):
+            self._send_collect(w, self._idle[w][0], None)
+        batch = await self._take_every_node()
+        delivered = await self._deliver(batch, batch.numel(), start, post=self._post_in_parent)
         await self._after_batch(list(range(self._num_workers)))
-        return batch  # type: ignore[no-any-return]
+        return delivered
+
+
+def _stack(parts: list[TensorDictBase]) -> TensorDictBase:
+    """The nodes' batches stacked along a new first dim (a copy: their slots are free after it)."""
+    if any(p.shape != parts[0].shape for p in parts):
+        return LazyStackedTensorDict.lazy_stack([p.clone() for p in parts], 0)
+    out: TensorDictBase = torch.stack(parts, 0)  # a TensorDict (tensordict's __torch_function__)
+    out.refine_names(*([None] * parts[0].ndim), "time")
+    return out

@@ -51,7 +51,7 @@ def _collector_class(value: Any) -> type:
             "collector_class must be aiocollect's Collector, MultiSyncCollector or MultiAsyncCollector (or 'single', "
             f"'sync', 'async'), got {value!r}"
         )
-    return value  # type: ignore[no-any-return]
+    return value
 
 
 def resolve_dist_config(
@@ -130,6 +130,17 @@ def resolve_dist_config(
                 f"to {name} instead"
                 + (" (trajs_per_batch is not supported on nodes)" if owned[0] == "trajs_per_batch" else "")
             )
+    # Given at the top level, they hold on every node (a collector_kwargs entry may not contradict them).
+    for key, default in (("set_truncated", False), ("track_traj_ids", True)):
+        value = engine.get(key, default)
+        if value is default or value == default:
+            continue
+        for d in kwargs_list:
+            if d.get(key, value) != value:
+                raise ValueError(
+                    f"{key}={value!r} contradicts collector_kwargs' {key}={d[key]!r}; give it in one place only"
+                )
+            d[key] = value
     check_bool("update_after_each_batch", update_after_each_batch)
     mwi = check_int("max_weight_update_interval", max_weight_update_interval, minimum=-1)
     if update_after_each_batch and mwi > -1:
@@ -165,5 +176,6 @@ def resolve_dist_config(
     ]  # fmt: skip
     return DistConfig(
         mc=mc, collector_class=cls, workers_per_node=k, node_fpb=node_fpb, node_kwargs=node_kwargs,
-        update_after_each_batch=update_after_each_batch, max_weight_update_interval=mwi, update_interval=update_interval,
+        update_after_each_batch=update_after_each_batch, max_weight_update_interval=mwi,
+        update_interval=update_interval,
     )  # fmt: skip

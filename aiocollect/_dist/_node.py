@@ -108,7 +108,7 @@ class _Node:
     def start(self) -> bool:
         spec, portal = self.spec, self.portal
         self.channel.setup(spec)
-        self.collector = portal.call(self._build)  # type: ignore[arg-type]
+        self.collector = portal.call(self._build)
         # The trainer's liveness sees the node's env steps, and a stop ends its batch at once.
         self.channel.attach_runner(self.collector._activity, self.interrupt)
         if spec.seed is not None:
@@ -129,7 +129,7 @@ class _Node:
         return True
 
     def _seed(self, seeds: Any) -> None:
-        self.portal.call(self.collector.set_seed, int(seeds.generate_state(1)[0]))  # type: ignore[arg-type]
+        self.portal.call(self.collector.set_seed, int(seeds.generate_state(1)[0]))
 
     def _apply(self, weights: Any, version: int) -> None:
         self.portal.call(self.collector.update_policy_weights_, dict(weights))
@@ -193,7 +193,7 @@ class _Node:
                 self._seed(cmd.seeds)
                 self.prefetched = None
             elif isinstance(cmd, Reset):
-                self.portal.call(self.collector.reset)  # type: ignore[arg-type]
+                self.portal.call(self.collector.reset)
                 self.prefetched = None
             elif isinstance(cmd, Close):
                 return

@@ -8,7 +8,7 @@ from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
 from .._core._validate import check_bool
-from ._base import NodeCollectorBase
+from ._base import COLLECTOR_ARGS_DOC, NodeCollectorBase, fill_args
 
 __all__ = ["RPCCollector"]
 
@@ -67,10 +67,7 @@ class RPCCollector(NodeCollectorBase):
             `WorkerTimeoutError`.
         join_timeout: Seconds the nodes may take to join and collect their first batch.
         shutdown_timeout: Seconds each node gets to close before it is killed.
-        **others: ``policy_factory``, devices, ``max_frames_per_traj``,
-            ``init_random_frames`` (split across nodes), ``reset_at_each_iter``,
-            ``postproc``, ``split_trajs``, ``exploration_type`` and the rest have
-            `Collector`'s meaning.
+        {args}
 
     Examples:
         >>> import anyio
@@ -153,10 +150,13 @@ class RPCCollector(NodeCollectorBase):
             reset_at_each_iter=reset_at_each_iter, exploration_type=exploration_type, policy_factory=policy_factory,
             num_threads=num_threads, weight_sync_timeout=weight_sync_timeout, worker_timeout=worker_timeout,
             device=device, env_device=env_device, policy_device=policy_device, storing_device=storing_device,
-            postproc=postproc, split_trajs=split_trajs, total_frames=total_frames, max_queued_batches=max_queued_batches,
-            reset_when_done=reset_when_done, set_truncated=set_truncated, track_traj_ids=track_traj_ids,
-            shutdown_timeout=shutdown_timeout,
+            postproc=postproc, split_trajs=split_trajs, total_frames=total_frames,
+            max_queued_batches=max_queued_batches, reset_when_done=reset_when_done, set_truncated=set_truncated,
+            track_traj_ids=track_traj_ids, shutdown_timeout=shutdown_timeout,
         )  # fmt: skip
 
     async def _collect_one(self) -> TensorDictBase | None:
         return await (self._on_demand() if self._gather else self._first_node())
+
+
+fill_args(RPCCollector, COLLECTOR_ARGS_DOC)

@@ -77,10 +77,27 @@ async def test_sync_gathers_every_nodes_share_with_global_ids(loopback_only) -> 
     traj = torch.cat([b[TRAJ][n].flatten() for b in batches for n in range(2)])
     episodes = torch.cat([b["observation"][n, ..., 1].flatten() + 100 * n for b in batches for n in range(2)])
     # One trajectory id per (node, episode), never shared between nodes.
-    assert len(set(zip(traj.tolist(), episodes.tolist()))) == len(traj.unique())
+    assert len(set(zip(traj.tolist(), episodes.tolist(), strict=True))) == len(traj.unique())
     assert c.stats().frames == 120
     # A clean shutdown is a clean exit: no node ended by a signal (an abort at exit included).
     assert [c._transport._launcher.exitcode(r) for r in (1, 2)] == [0, 0]
+
+
+async def test_set_truncated_and_track_traj_ids_reach_every_node() -> None:
+    fns = [partial(counting, 0), partial(counting, 10)]
+    with anyio.fail_after(60):
+        async with DistributedCollector(
+            fns, scripted(), frames_per_batch=10, total_frames=20, sync=True, set_truncated=True,
+            track_traj_ids=False, **kw()
+        ) as c:  # fmt: skip
+            batches = [b async for b in c]
+    for b in batches:
+        truncated = b["next", "truncated"][..., 0]  # [node, env, time]
+        assert truncated[..., -1].all() and not truncated[..., :-1].any()  # only each node's last step
+        assert TRAJ not in b.keys(True)
+    with pytest.raises(ValueError, match=r"^set_truncated=True contradicts collector_kwargs' set_truncated=False"):
+        DistributedCollector(fns, frames_per_batch=10, set_truncated=True,
+                             collector_kwargs={"set_truncated": False}, **kw())  # fmt: skip
 
 
 def pool_of_sleepy() -> AsyncEnvPool:
