@@ -613,15 +613,18 @@ def paired(w: Workload, pairs: int) -> list[float]:
     return ratios
 
 
+def _quantile(ordered: list[float], f: float) -> float:
+    """The ``f`` quantile of a sorted, non-empty list (the nearest rank at or below it)."""
+    return ordered[min(len(ordered) - 1, int(f * len(ordered)))]
+
+
 def run_paired(workloads: list[Workload], pairs: int, log: Callable[[str], None]) -> None:
     log(f"\npaired: {pairs} alternating batch pairs per workload (ratio = aiocollect speed / bare loop)")
     log("\n| workload | median | p25 | p75 | min | max |\n| --- | ---: | ---: | ---: | ---: | ---: |")
     for w in workloads:
         r = sorted(paired(w, pairs))
-        q = lambda f: r[min(len(r) - 1, int(f * len(r)))]  # noqa: E731
-        log(
-            f"| {w.title} | {statistics.median(r):.2f}x | {q(0.25):.2f}x | {q(0.75):.2f}x | {r[0]:.2f}x | {r[-1]:.2f}x |"
-        )
+        p25, p75 = _quantile(r, 0.25), _quantile(r, 0.75)
+        log(f"| {w.title} | {statistics.median(r):.2f}x | {p25:.2f}x | {p75:.2f}x | {r[0]:.2f}x | {r[-1]:.2f}x |")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

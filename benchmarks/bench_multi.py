@@ -682,7 +682,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"  load average (1 min) at start: {load_start:.2f}")
     if load_start > 0.5:
         log("  WARNING: the machine is not idle; other processes share the CPUs and add noise.")
-    pre_children, pre_helpers = live_children()
+    pre_children, _ = live_children()
     if pre_children:
         log(f"  NOTE: child processes alive before the benchmark: {pre_children}")
 

@@ -15,7 +15,9 @@ pytestmark = [pytest.mark.anyio, pytest.mark.all_backends]
 
 async def test_64_sleepy_envs_overlap_their_waits() -> None:
     # 64 envs x 10 steps x 10 ms: 6.4 s if stepped one after another, ~0.1 s overlapped.
-    pool = lambda: AsyncEnvPool([SleepyAsyncEnv(delay=0.01) for _ in range(64)])
+    def pool() -> AsyncEnvPool:
+        return AsyncEnvPool([SleepyAsyncEnv(delay=0.01) for _ in range(64)])
+
     with anyio.fail_after(2.5):
         async with Collector(pool, frames_per_batch=640, total_frames=640) as c:
             batches = [b async for b in c]
@@ -25,7 +27,9 @@ async def test_64_sleepy_envs_overlap_their_waits() -> None:
 
 
 async def test_async_env_episodes_reset_and_keep_real_transitions() -> None:
-    pool = lambda: AsyncEnvPool([SleepyAsyncEnv(delay=0, episode_length=3) for _ in range(2)])
+    def pool() -> AsyncEnvPool:
+        return AsyncEnvPool([SleepyAsyncEnv(delay=0, episode_length=3) for _ in range(2)])
+
     async with Collector(pool, frames_per_batch=14, total_frames=14) as c:
         (batch,) = [b async for b in c]
     steps = batch["next", "observation"][0, :, 0]
@@ -43,7 +47,9 @@ async def test_heartbeat_keeps_running_during_cpu_bound_collection() -> None:
         def forward(self, obs: torch.Tensor) -> torch.Tensor:
             return policy(obs).argmax(-1)
 
-    env_fn = lambda: gym.make_vec("CartPole-v1", 8, vectorization_mode="sync")
+    def env_fn() -> gym.vector.VectorEnv:
+        return gym.make_vec("CartPole-v1", 8, vectorization_mode="sync")
+
     gaps: list[float] = []
     done = anyio.Event()
 

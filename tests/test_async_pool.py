@@ -224,6 +224,19 @@ async def collect_n(pool: Any, frames: int, n_batches: int, **kwargs: Any) -> tu
 
 
 @pytest.mark.anyio
+@pytest.mark.all_backends
+async def test_barrier_free_iteration_without_async_with_is_refused_and_closes_the_pool() -> None:
+    # Its steps outlive a batch: they need the collector's task group, which only 'async with' opens.
+    envs = [SleepyAsyncEnv(delay=0.001, episode_length=4) for _ in range(4)]
+    c = Collector(lambda: AsyncEnvPool(envs, min_ready=2), frames_per_batch=8, total_frames=16)
+    with anyio.fail_after(20):
+        with pytest.raises(RuntimeError, match=r"iterate the Collector inside 'async with collector:'$"):
+            async for _ in c:
+                pass
+    assert repr(c).startswith("<Collector [closed")
+
+
+@pytest.mark.anyio
 async def test_barrier_free_envs_do_not_wait_for_the_slowest() -> None:
     with anyio.fail_after(20):
         (b,), _ = await collect_n(lagging_pool(min_ready=1), 200, 1)

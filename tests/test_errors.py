@@ -157,7 +157,9 @@ def test_gym_env_observation_of_the_same_size_is_not_reshaped(method: str) -> No
 
 @pytest.mark.parametrize("method", ["reset", "step"])
 def test_gym_env_observation_of_another_size_names_both_shapes(method: str) -> None:
-    make = lambda: Misshapen(lambda o: o[:3], on=[method])
+    def make() -> Misshapen:
+        return Misshapen(lambda o: o[:3], on=[method])
+
     with pytest.raises(ValueError, match=_exact(_cartpole_msg((3,), method))):
         with SyncDataCollector(make, frames_per_batch=8, total_frames=8) as c:
             next(iter(c))
@@ -413,8 +415,12 @@ async def test_async_batched_env_output_of_the_wrong_shape_raises(case: str) -> 
 @pytest.mark.parametrize("key", ["reward", "terminated", "truncated"])
 def test_batched_env_flags_in_torchrl_layout_are_accepted(key: str, num_envs: int) -> None:
     # TorchRL's envs give reward/done flags a trailing dim of size 1: [*B, 1]
-    plain = lambda: CountingEnv(num_envs, episode_length=2)
-    make = lambda: Reshaping("step", key, lambda v: v.unsqueeze(-1), num_envs=num_envs)
+    def plain() -> CountingEnv:
+        return CountingEnv(num_envs, episode_length=2)
+
+    def make() -> Reshaping:
+        return Reshaping("step", key, lambda v: v.unsqueeze(-1), num_envs=num_envs)
+
     batches = []
     for factory in (plain, make):
         with SyncDataCollector(factory, frames_per_batch=8, total_frames=8) as c:
@@ -433,7 +439,9 @@ class Stretched(SleepyAsyncEnv):
 
 @pytest.mark.anyio
 async def test_async_env_pool_names_the_env_that_returned_the_wrong_shape() -> None:
-    pool = lambda: AsyncEnvPool([SleepyAsyncEnv(delay=0), Stretched(delay=0)])
+    def pool() -> AsyncEnvPool:
+        return AsyncEnvPool([SleepyAsyncEnv(delay=0), Stretched(delay=0)])
+
     msg = (
         "env Stretched (AsyncEnvPool env 1) returned observation of shape (1, 1) from step(); "
         "its observation_space promises (1,); fix the env or its observation_space"

@@ -519,7 +519,7 @@ def _check_slices_safe(index: torch.Tensor, length: int, ctx: SampleContext) -> 
 def test_slices_not_strict_add_whole_segments_shorter_than_a_slice(strict: bool) -> None:
     ctx = _two_worker_context()  # segments of 1 to 60 frames
     sampler = SliceSampler(slice_len=8, strict_length=strict)
-    index, out = draw(sampler, ctx, 64, 600)
+    _, out = draw(sampler, ctx, 64, 600)
     drawn = [sl for i, info in out for sl in _slices_of(i, info, ctx)]
     assert len(drawn) == 8 * 600  # always batch_size // slice_len slices
     possible = _possible_slices(ctx, 8, strict)

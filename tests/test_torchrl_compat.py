@@ -16,7 +16,10 @@ def test_gae_runs_on_a_batch_unchanged() -> None:
 
     value_net = TensorDictModule(torch.nn.Linear(4, 1), in_keys=["observation"], out_keys=["state_value"])
     gae = torchrl_value.GAE(gamma=0.99, lmbda=0.95, value_network=value_net)
-    env_fn = lambda: gym.make_vec("CartPole-v1", 3, vectorization_mode="sync")
+
+    def env_fn() -> gym.vector.VectorEnv:
+        return gym.make_vec("CartPole-v1", 3, vectorization_mode="sync")
+
     with SyncDataCollector(env_fn, frames_per_batch=96, total_frames=96) as c:
         batch = next(c)
     out = gae(batch)

@@ -110,8 +110,10 @@ def test_a_wrong_value_is_a_value_error(cls: type, kwargs: dict[str, Any], patte
     ({"capacity": 0}, ValueError, r"^capacity must be a positive int, got 0$"),
     ({"capacity": 100, "batch_size": 2.0}, TypeError, r"^batch_size must be a positive int or None, got 2\.0$"),
     ({"capacity": 100, "min_size": -1}, ValueError, r"^min_size must be an int >= 0, got -1$"),
-    ({"capacity": 100, "samples_per_insert": "1"}, TypeError, r"^samples_per_insert must be a positive number or None, got '1'$"),
-    ({"capacity": 100, "samples_per_insert": 0}, ValueError, r"^samples_per_insert must be a positive number or None, got 0$"),
+    ({"capacity": 100, "samples_per_insert": "1"},
+     TypeError, r"^samples_per_insert must be a positive number or None, got '1'$"),
+    ({"capacity": 100, "samples_per_insert": 0},
+     ValueError, r"^samples_per_insert must be a positive number or None, got 0$"),
     ({"capacity": 100, "seed": 1.5}, TypeError, r"^seed must be an int >= 0 or None, got 1\.5$"),
 ])  # fmt: skip
 def test_replay_buffer_arguments(buffer_cls: type, kwargs: dict[str, Any], exc: type, pattern: str) -> None:

@@ -37,9 +37,11 @@ class Collector(CollectorLifecycle):
     ``async with`` is the deterministic form: it builds the env, owns a producer task and
     closes everything on exit, whether by exhaustion, ``break``, an exception or
     cancellation. Iterating without ``async with`` also works; the env is built lazily and
-    closed when iteration ends or `aclose` is called. Batches are collected on demand: with
-    the default ``max_queued_batches=0`` the next batch starts only when you ask for it, so
-    an on-policy trainer always collects with the weights it just trained.
+    closed when iteration ends or `aclose` is called (a barrier-free `AsyncEnvPool`, whose
+    steps belong to the task group that ``async with`` opens, needs ``async with``).
+    Batches are collected on demand: with the default ``max_queued_batches=0`` the next
+    batch starts only when you ask for it, so an on-policy trainer always collects with the
+    weights it just trained.
 
     Args:
         create_env_fn: A gymnasium env id, a ``gymnasium.Env``/``VectorEnv``, a `BatchedEnv`
@@ -143,7 +145,7 @@ class Collector(CollectorLifecycle):
         self._seed_plan: SeedPlan | None = None
         self._lane = ThreadLane()
         self._env: Any = None
-        self._rollout: Rollout | None = None
+        self._rollout: Rollout | StreamRollout | None = None
         self._layout_checked = False
         self._init_lifecycle(
             cfg.total_frames, cfg.frames_per_batch, cfg.max_queued_batches, replay_buffer,
@@ -218,7 +220,7 @@ class Collector(CollectorLifecycle):
     def _policy_version(self) -> int:
         return self._policy.version
 
-    def _env_counts(self) -> dict[str, int]:
+    def _env_counts(self) -> dict[str, Any]:
         counters = getattr(self._rollout.env, "counters", None) if self._rollout is not None else None
         if counters is None:  # an env without them (only an AsyncEnvPool turns failures into truncations)
             return {}
@@ -232,8 +234,15 @@ class Collector(CollectorLifecycle):
         start = time.perf_counter()
         post = self._needs_post()
         if self._batch_rb is not None and self._batch_rb.direct_writes and rollout.buf is not None and not post:
-            return await self._collect_into_buffer(rollout, random, start)
+            await self._collect_into_buffer(rollout, random, start)
+            return None
         if isinstance(rollout, StreamRollout):
+            if self._tg is None:
+                # Its env steps outlive a batch, so they need an owner that outlives one too.
+                raise RuntimeError(
+                    "a barrier-free AsyncEnvPool (min_ready=) is stepped by tasks of the collector's task group; "
+                    "iterate the Collector inside 'async with collector:'"
+                )
             rollout.spawn = self._tg.start_soon
         if isinstance(rollout.env, AsyncBatchedEnv):
             batch = await rollout.acollect(random, self._lane.run)
@@ -263,8 +272,8 @@ class Collector(CollectorLifecycle):
             else:
                 batch = await self._lane.run(rollout.collect, random, None)
             if views is None:  # the rows wrap around the end of the ring: copy in two pieces
-                rb.storage.write(res.pieces, {k: v.reshape(res.n, *v.shape[len(shape):])
-                                              for k, v in batch.items(include_nested=True, leaves_only=True)})  # fmt: skip
+                leaves = batch.items(include_nested=True, leaves_only=True)
+                rb.storage.write(res.pieces, {k: v.reshape(res.n, *v.shape[len(shape) :]) for k, v in leaves})
         except BaseException:
             rb.abort(res)
             raise

@@ -27,7 +27,7 @@ def current_scheduler() -> Scheduler | None:
     trio = sys.modules.get("trio")  # never imported here: a trio loop has imported it already
     if trio is not None:
         try:
-            return trio.lowlevel.current_trio_token().run_sync_soon  # type: ignore[no-any-return]
+            return trio.lowlevel.current_trio_token().run_sync_soon
         except RuntimeError:
             pass
     return None

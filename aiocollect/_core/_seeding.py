@@ -14,7 +14,7 @@ __all__ = ["SeedPlan", "TrajCounter", "check_seed"]
 
 
 def check_seed(seed: object) -> int:
-    return check_int("seed", seed, minimum=0, rule="a non-negative int")  # type: ignore[no-any-return]
+    return check_int("seed", seed, minimum=0, rule="a non-negative int")
 
 
 class SeedPlan:

@@ -205,4 +205,4 @@ class _Pending(Generic[T]):
             error, self.error = self.error, None  # no reference cycle through the traceback
             raise error
         value, self.value = self.value, None  # the caller owns it now, the lane keeps none
-        return value  # type: ignore[no-any-return]
+        return value

@@ -9,7 +9,7 @@ and ``2.0`` or ``"2"`` are never accepted as ints.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal, overload
 
 __all__ = ["check_bool", "check_int", "check_seconds"]
 
@@ -43,6 +43,10 @@ def check_int(name: str, value: Any, *, minimum: int = 1, allow_none: bool = Fal
     return value
 
 
+@overload
+def check_seconds(name: str, value: Any, *, allow_none: Literal[False] = False) -> float: ...
+@overload
+def check_seconds(name: str, value: Any, *, allow_none: bool) -> float | None: ...
 def check_seconds(name: str, value: Any, *, allow_none: bool = False) -> float | None:
     """Return ``value`` as a float if it is a positive, finite number of seconds.
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 import anyio
@@ -25,7 +25,7 @@ if sys.version_info < (3, 11):  # pragma: no cover
 __all__ = ["cancel_and_wait", "each", "open_task_group"]
 
 
-async def each(fn: Callable[[int], Awaitable[None]], rows: Iterable[int], grace: float = 10.0) -> None:
+async def each(fn: Callable[[int], Coroutine[Any, Any, None]], rows: Iterable[int], grace: float = 10.0) -> None:
     """Run ``fn(i)`` for every row concurrently; a single failure is raised as itself.
 
     Several failures are raised together in a ``BaseExceptionGroup``. One env's error (say, an
@@ -50,9 +50,9 @@ def open_task_group() -> Any:
 
 
 async def _each_asyncio(
-    loop: asyncio.AbstractEventLoop, fn: Callable[[int], Awaitable[None]], rows: Iterable[int], grace: float
+    loop: asyncio.AbstractEventLoop, fn: Callable[[int], Coroutine[Any, Any, None]], rows: Iterable[int], grace: float
 ) -> None:
-    tasks = [loop.create_task(fn(i)) for i in rows]  # type: ignore[arg-type]
+    tasks = [loop.create_task(fn(i)) for i in rows]
     if not tasks:
         return
     try:
@@ -87,7 +87,7 @@ async def cancel_and_wait(tasks: list[asyncio.Task[Any]], grace: float, what: st
         )
 
 
-async def _each_in_group(fn: Callable[[int], Awaitable[None]], rows: Iterable[int]) -> None:
+async def _each_in_group(fn: Callable[[int], Coroutine[Any, Any, None]], rows: Iterable[int]) -> None:
     """In `open_task_group`'s group."""
     error: Exception | None = None
     try:

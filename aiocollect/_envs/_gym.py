@@ -198,8 +198,8 @@ class _GymVector(_GymBase):
         obs, reward, term, trunc, info = self.env.step(self._gym_action(action, single=False))
         if isinstance(out, StepOut) and self._plain_obs:
             return self._step_into(out, obs, reward, term, trunc, info)
-        out = self._obs if out is None else out.next_obs  # the collector's storage: one copy fewer
-        write_obs(self._obs_leaves, obs, out, self._src, "step()")
+        dst = self._obs if out is None else out.next_obs  # the collector's storage: one copy fewer
+        write_obs(self._obs_leaves, obs, dst, self._src, "step()")
         reward = np.asarray(reward, dtype=np.float32)
         term, trunc = np.asarray(term, dtype=np.bool_), np.asarray(trunc, dtype=np.bool_)
         want = self._flag_shape
@@ -211,11 +211,11 @@ class _GymVector(_GymBase):
             # The collector reads reset observations only for those rows, so a plain copy of
             # every row is enough (and cheaper than a masked one).
             self._auto_reset = np.asarray(info["_final_obs"], dtype=np.bool_).copy()
-            for k, v in out.items():
+            for k, v in dst.items():
                 self._reset_obs[k].copy_(v)
             for i in np.flatnonzero(self._auto_reset):
-                write_row(self._obs_leaves, info["final_obs"][i], out, int(i), self._src, "step()", _final(i))
-        return out, torch.from_numpy(reward), torch.from_numpy(term), torch.from_numpy(trunc)
+                write_row(self._obs_leaves, info["final_obs"][i], dst, int(i), self._src, "step()", _final(i))
+        return dst, torch.from_numpy(reward), torch.from_numpy(term), torch.from_numpy(trunc)
 
     def _check_flags(self, reward: Any, term: Any, trunc: Any) -> None:
         """Raise for the first of reward/terminated/truncated that is not one value per sub-env."""

@@ -102,6 +102,7 @@ def _converter(leaf: Leaf) -> Callable[[Any], torch.Tensor]:
     # Discrete or shape-() Box observation) into shape (1,): shapes must come out as they came in.
     if leaf.spec.kind == "one_hot":
         n, start = leaf.spec.n, leaf.start
+        assert n is not None, "a one_hot spec has n"
         # one_hot only takes int64 indices; a Discrete value may be any numpy integer type.
         return lambda a: torch.nn.functional.one_hot(torch.as_tensor(np.asarray(a, dtype=np.int64) - start), n)
     if leaf.start is not None and np.any(leaf.start != 0):

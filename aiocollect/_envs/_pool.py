@@ -305,7 +305,7 @@ def _fast_row_writer(leaves: list[Leaf], out: dict[NestedKey, torch.Tensor]) -> 
     if len(leaves) != 1 or leaves[0].path != () or leaves[0].spec.kind != "box":
         return None
     dst = out[leaves[0].key].numpy()
-    shape = tuple(leaves[0].space.shape)
+    shape = leaves[0].spec.shape  # tuple(space.shape) of the Box space
     ndarray = np.ndarray
 
     def write(i: int, obs: Any) -> bool:

@@ -65,11 +65,14 @@ class ArraySpec:
         """
         full = (*batch_shape, *self.shape)
         if self.kind == "discrete":
+            assert self.n is not None, "a discrete spec has n"
             return torch.randint(int(self.n), full, generator=generator, dtype=torch.int64).to(self.dtype)
         if self.kind == "one_hot":
+            assert self.n is not None, "a one_hot spec has n"
             idx = torch.randint(int(self.n), full[:-1], generator=generator)
             return torch.nn.functional.one_hot(idx, int(self.n)).to(self.dtype)
         if self.kind == "multi_discrete":
+            assert self.nvec is not None, "a multi_discrete spec has nvec"
             u = torch.rand(full, generator=generator, dtype=torch.float64)
             return (u * self.nvec.to(torch.float64)).floor().to(self.dtype)
         if self.kind == "binary":

@@ -168,6 +168,7 @@ class MultiSyncCollector(_MultiCollector):
 
     def _assemble(self, parts: list[TensorDictBase]) -> TensorDictBase:
         nb = parts[0].ndim
+        out: TensorDictBase  # torch.stack/cat of TensorDicts give a TensorDict (__torch_function__)
         if self._mc.cat == "stack":
             if all(p.shape == parts[0].shape for p in parts):
                 out = torch.stack(parts, 0)  # a dense copy: the slots are free again after this
@@ -241,10 +242,11 @@ class MultiAsyncCollector(_MultiCollector):
             frames = self._rb.commit(res)
             batch: TensorDictBase | None = None
         else:
-            batch = await to_thread(view.clone)
-            batch.refine_names(*([None] * (batch.ndim - 1)), "time")
+            copy = await to_thread(view.clone)
+            copy.refine_names(*([None] * (copy.ndim - 1)), "time")
             self._release_slot(w, slot, commit=False)
-            frames = batch.numel()
+            frames = copy.numel()
+            batch = copy
         if self._mc.update_at_each_batch:
             await self.update_policy_weights_()
         self._dispatch_idle_nowait()  # the slot is free again: the worker may refill it

@@ -139,8 +139,8 @@ def resolve_multi_config(
                 f"num_workers={num_workers!r} but create_env_fn lists {len(fns)} factories; drop num_workers"
             )
     else:
-        check_int("num_workers", num_workers, rule="a positive int when create_env_fn is a single factory")
-        fns = [create_env_fn] * num_workers
+        workers = check_int("num_workers", num_workers, rule="a positive int when create_env_fn is a single factory")
+        fns = [create_env_fn] * workers
     n = len(fns)
     if n == 0:
         raise ValueError("create_env_fn must list at least one env factory, got an empty list")

@@ -40,10 +40,10 @@ class Pump:
         # A weak reference: the collector owns the pump, and a strong bound method back to it
         # would make a reference cycle that delays (and disorders) finalization of an
         # unclosed collector until the cyclic garbage collector runs.
-        self._on_exit = weakref.WeakMethod(on_exit)  # type: ignore[arg-type]
+        self._on_exit = weakref.WeakMethod(on_exit)
         # Checks busy workers for progress (recording failures for stalled ones) and says
         # when to check again; reads stop waiting then, so a silent worker is noticed.
-        self._watchdog = None if watchdog is None else weakref.WeakMethod(watchdog)  # type: ignore[arg-type]
+        self._watchdog = None if watchdog is None else weakref.WeakMethod(watchdog)
         self._lock = anyio.Lock()
         self._changed = anyio.Event()
 

@@ -75,7 +75,7 @@ def _exploration_type(value: Any) -> str:
     raise ValueError(f"exploration_type must be a tensordict.nn.InteractionType ({choices}), got {value!r}")
 
 
-def _env_types() -> tuple[type, ...]:
+def _env_types() -> tuple[type[Any], ...]:
     """The classes an env instance may have: aiocollect's, and gymnasium's or TorchRL's once loaded.
 
     A gymnasium env cannot exist before gymnasium was imported, so a process whose envs are
@@ -83,7 +83,7 @@ def _env_types() -> tuple[type, ...]:
     """
     from .._envs._base import AsyncBatchedEnv, BatchedEnv
 
-    types: tuple[type, ...] = (BatchedEnv, AsyncBatchedEnv)
+    types: tuple[type[Any], ...] = (BatchedEnv, AsyncBatchedEnv)
     if "gymnasium" in sys.modules:
         import gymnasium as gym
 
@@ -223,6 +223,7 @@ def make_env(cfg: CollectorConfig) -> Any:
     from .._envs._base import AsyncBatchedEnv, BatchedEnv
 
     fn, kwargs = cfg.create_env_fn, cfg.create_env_kwargs
+    env: Any  # a gymnasium, TorchRL or aiocollect env, or whatever a factory returned
     if isinstance(fn, str):
         import gymnasium as gym
 

@@ -27,6 +27,7 @@ from ._arrays import expand_mask as _expand
 from ._arrays import next_key as _nxt
 from ._arrays import np_views as _np_views
 from ._arrays import numpy_or_none as _numpy
+from ._output import RolloutOutput
 from ._policy import PolicyAdapter
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ class Interrupted(Exception):
     """The collector asked the rollout to stop between two steps."""
 
 
-class Rollout:
+class Rollout(RolloutOutput):
     """Collects ``steps`` steps per batch from ``env`` with ``policy``.
 
     Args:
@@ -370,56 +371,6 @@ class Rollout:
         if done_np.tobytes() == self._no_done:
             return None
         return done_np if self.env._numpy_masks else done
-
-    def _kept(self) -> list[tuple[Any, torch.Tensor]]:
-        """The storage entries batches hold: all but a root reward the env does not have."""
-        assert self.buf is not None
-        if self.spec.root_reward:
-            return list(self.buf.items())
-        return [(k, v) for k, v in self.buf.items() if k != ("next", "reward")]
-
-    def output_layout(self) -> list[tuple[Any, tuple[int, ...], torch.dtype]]:
-        """Keys, shapes and dtypes of the batches `collect` produces (buffers must exist, see `prepare`)."""
-        assert self.buf is not None
-        shape = (*self.B, self.T)
-        layout = [(k, (*shape, *v.shape[1 + self.nb :]), v.dtype) for k, v in self._kept()]
-        layout += [(k, (*shape, 1), torch.bool) for k in ("done", "terminated", "truncated")]
-        layout += [
-            (("collector", "policy_version"), shape, torch.int64),
-            (("collector", "worker_id"), shape, torch.int64),
-        ]
-        return layout
-
-    def _write_out(self, out: dict[Any, torch.Tensor], steps: int) -> None:
-        """Copy the batch out of the time-major storage into ``out`` (e.g. a shared slot).
-
-        ``steps < T`` (a preempted batch) zeroes the missing steps and marks them with
-        trajectory id and policy version ``-1``, as TorchRL does.
-        """
-        assert self.buf is not None
-        for k, v in self._kept():
-            out[k].copy_(v.movedim(0, self.nb))
-        for k in ("done", "terminated", "truncated"):
-            out[k].zero_()
-        versions = self.versions + [-1] * (self.T - len(self.versions))
-        out[("collector", "policy_version")].copy_(torch.tensor(versions, dtype=torch.int64))
-        out[("collector", "worker_id")].fill_(self.worker_id)
-        if steps < self.T:
-            for v in out.values():
-                v.narrow(self.nb, steps, self.T - steps).zero_()
-            for k in (("collector", "traj_ids"), ("collector", "policy_version")):
-                if k in out:
-                    out[k].narrow(self.nb, steps, self.T - steps).fill_(-1)
-
-    def _wrap(self, out: dict[Any, torch.Tensor] | None, steps: int) -> TensorDict:
-        """`_write_out` into ``out`` (allocated if ``None``) and wrap it as a ``[*B, T]`` TensorDict."""
-        from tensordict import TensorDict
-
-        dev = self.storing_device
-        if out is None:
-            out = {k: torch.empty(shape, dtype=dtype, device=dev) for k, shape, dtype in self.output_layout()}
-        self._write_out(out, steps)
-        return TensorDict(out, batch_size=(*self.B, self.T), device=dev, names=[*([None] * self.nb), "time"])
 
     # -- the two loops ---------------------------------------------------------------------
     def prepare(self) -> None:

@@ -92,7 +92,8 @@ class StreamRollout:
         self.counter, self.generator, self.storing_device = traj_counter, generator, storing_device
         self.stop, self.worker_id, self.set_truncated = stop, worker_id, set_truncated
         self.min_ready, self.max_wait = pool.min_ready or 1, pool.max_wait
-        self.needs_reset, self.seeds = True, None
+        self.needs_reset = True
+        self.seeds: list[int] | None = None
         self.steps_done = 0
         self.traj = np.zeros(self.n, np.int64)
         self.cur: dict[NestedKey, torch.Tensor] = {}  # each env's observation awaiting an action

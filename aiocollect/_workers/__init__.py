@@ -29,4 +29,4 @@ def get_transport(name: object) -> type[Transport]:
         module = importlib.import_module(f"{__name__}._{name}")
     except ImportError as exc:
         raise LookupError(f"worker backend {name!r} is not available: {exc}") from exc
-    return module.transport_class  # type: ignore[no-any-return]
+    return module.transport_class

@@ -109,7 +109,7 @@ class DistributedTransport(Transport):
         # init_process_group would, instead of failing to listen there.
         agent = options["launcher"] == "external" and options["tcp_port"] == torchrun_store_port()
         try:
-            self._store = dist.TCPStore(
+            store = dist.TCPStore(
                 addr, options["tcp_port"] or 0, is_master=not agent, wait_for_workers=False,
                 timeout=timedelta(seconds=options["join_timeout"]),
             )  # fmt: skip
@@ -117,7 +117,8 @@ class DistributedTransport(Transport):
             raise OSError(
                 f"cannot listen on {addr}:{options['tcp_port'] or 0} for nodes ({exc}); pass a free tcp_port"
             ) from exc
-        self._port = int(self._store.port)
+        self._store: dist.TCPStore | None = store  # None once closed
+        self._port = int(store.port)
         family = (
             socket.AF_INET6
             if ipaddress.ip_address(socket.gethostbyname(addr) if ":" not in addr else addr).version == 6
@@ -129,7 +130,7 @@ class DistributedTransport(Transport):
         self._joined: dict[int, tuple[socket.socket, Hello]] = {}
         self._closed = False
         threading.Thread(target=self._accept, name="aiocollect-accept", daemon=True).start()
-        self._store.set(control_key(), f"{addr}:{self._listener.getsockname()[1]}:{self._token}")
+        store.set(control_key(), f"{addr}:{self._listener.getsockname()[1]}:{self._token}")
         self._launcher = make_launcher(options)
 
     @property
@@ -172,7 +173,10 @@ class DistributedTransport(Transport):
         """Why a node with a valid token cannot join (a misconfigured external node), or None."""
         n = self.num_workers
         if not 1 <= hello.rank <= n:
-            return f"RANK={hello.rank} is out of range: this collector has {n} nodes, ranks 1 to {n} (rank 0 is the trainer)"
+            return (
+                f"RANK={hello.rank} is out of range: this collector has {n} nodes, ranks 1 to {n} (rank 0 is the "
+                "trainer)"
+            )
         if hello.world_size is not None and hello.world_size != n + 1:
             return (
                 f"WORLD_SIZE={hello.world_size} does not match this collector: {n} nodes and the trainer make {n + 1}"
@@ -201,7 +205,8 @@ class DistributedTransport(Transport):
         async def died() -> None:
             if sentinel is None:
                 await anyio.sleep_forever()
-            await anyio.wait_readable(sentinel)
+            else:
+                await anyio.wait_readable(sentinel)
 
         with anyio.fail_after(self.options["join_timeout"]):
             async with anyio.create_task_group() as tg:
@@ -272,9 +277,9 @@ class DistributedTransport(Transport):
                     raise WorkerCrashedError(w, self.pid(w), code, during_startup=True)
                 raise RuntimeError(f"node {w} sent {event!r} during start-up")  # pragma: no cover - a protocol bug
         raise TimeoutError(
-            f"node {w} (pid {self.pid(w)}) joined but was not ready within join_timeout={opts['join_timeout']}s: in that "
-            "time a node builds its collector and collects its first batch (its layout); raise join_timeout for "
-            "slow envs or large batches"
+            f"node {w} (pid {self.pid(w)}) joined but was not ready within join_timeout={opts['join_timeout']}s: "
+            "in that time a node builds its collector and collects its first batch (its layout); raise "
+            "join_timeout for slow envs or large batches"
         )
 
     def _read(self, w: int, node: _Node, setup: Setup) -> None:

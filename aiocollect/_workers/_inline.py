@@ -100,7 +100,7 @@ class _InlineChannel(WorkerChannel):
         return self._transport._weights
 
     def storage(self, handle: Any) -> dict[Any, Any]:
-        return handle.tensors  # type: ignore[no-any-return]
+        return handle.tensors
 
 
 def _thread_main(channel: _InlineChannel, spec: bytes, inbox: _Inbox) -> None:

@@ -12,7 +12,10 @@ import signal
 import subprocess
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from multiprocessing.context import ForkServerContext, SpawnContext
 
 __all__ = ["Launcher", "MpLauncher", "SubmititLauncher", "cancel_job", "end_job", "kill_tree", "submitit_executor"]
 
@@ -56,7 +59,9 @@ class MpLauncher(Launcher):
         from ._subprocess import _preload_forkserver
 
         self._main = main
-        self._ctx = multiprocessing.get_context(start_method)
+        # get_context(str) is typed BaseContext, which declares no Process; the start methods
+        # the options allow (START_METHODS: "forkserver", "spawn") give one of these two.
+        self._ctx = cast("ForkServerContext | SpawnContext", multiprocessing.get_context(start_method))
         if start_method == "forkserver":
             _preload_forkserver(self._ctx)
         self._procs: dict[int, Any] = {}
@@ -83,11 +88,11 @@ class MpLauncher(Launcher):
 
     def sentinel(self, rank: int) -> int | None:
         p = self._procs.get(rank)
-        return None if p is None else p.sentinel  # type: ignore[no-any-return]
+        return None if p is None else p.sentinel
 
     def exitcode(self, rank: int) -> int | None:
         p = self._procs.get(rank)
-        return self._codes.get(rank) if p is None else p.exitcode  # type: ignore[no-any-return]
+        return self._codes.get(rank) if p is None else p.exitcode
 
     def _release(self, rank: int) -> None:
         p = self._procs.get(rank)

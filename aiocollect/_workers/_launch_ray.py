@@ -62,8 +62,10 @@ def ray_is_local(init_config: Mapping[str, Any]) -> bool:
 
 def check_ray_node_count(options: Mapping[str, Any], num_workers: int) -> None:
     """A list of ``remote_configs`` has one dict per node (or a single one, for all)."""
-    configs = options.get("remote_configs")
-    if options.get("launcher") == "ray" and len(configs) not in (1, num_workers):
+    if options.get("launcher") != "ray":
+        return
+    configs = options["remote_configs"]  # a list, once check_ray_launcher_options ran
+    if len(configs) not in (1, num_workers):
         raise ValueError(f"remote_configs lists {len(configs)} dicts for {num_workers} nodes; give one per node")
 
 

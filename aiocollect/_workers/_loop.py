@@ -181,7 +181,7 @@ class _Worker:
 
         def preempt() -> bool:  # polled before every env step
             control[PROGRESS] += 1
-            return control[STOP] != 0 or (preemptible and control[PREEMPT] == seq)  # type: ignore[no-any-return]
+            return control[STOP] != 0 or (preemptible and control[PREEMPT] == seq)
 
         rollout, slot = self.rollout, self.slots[cmd.slot]
         pieces = cmd.pieces

@@ -136,9 +136,9 @@ class RpcTransport(RemoteTransport):
         if opts.get("delayed") is not None:
             # Nodes launched ahead cannot know how many groups this process formed: both
             # sides count from 0 (the rendezvous store is new for each group).
-            with rpc._init_counter_lock:  # type: ignore[attr-defined]
-                rpc._init_counter = 0  # type: ignore[attr-defined]
-        generation = rpc._init_counter  # type: ignore[attr-defined]  # see rpc_node_main
+            with rpc._init_counter_lock:
+                rpc._init_counter = 0
+        generation = rpc._init_counter  # see rpc_node_main
         for rank in range(1, n + 1):
             self._launcher.launch(rank, (args[0], args[1], rank, n + 1, args[2], args[3], generation, self._session))
         self._watch_processes()
@@ -201,7 +201,7 @@ class RpcTransport(RemoteTransport):
         if launcher is None:
             return None
         launcher.reap(w + 1, 5.0)
-        return launcher.exitcode(w + 1)  # type: ignore[no-any-return]
+        return launcher.exitcode(w + 1)
 
     def _close_engine(self) -> None:
         import torch.distributed.rpc as rpc

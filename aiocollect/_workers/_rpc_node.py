@@ -78,8 +78,8 @@ def rpc_node_main(
     """
     import torch.distributed.rpc as rpc
 
-    with rpc._init_counter_lock:  # type: ignore[attr-defined]
-        rpc._init_counter = generation  # type: ignore[attr-defined]
+    with rpc._init_counter_lock:
+        rpc._init_counter = generation
     # A launcher starts nodes as daemon processes, but a node's own collector starts
     # worker processes: allow it to.
     multiprocessing.current_process()._config["daemon"] = False  # type: ignore[attr-defined]

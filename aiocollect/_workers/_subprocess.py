@@ -42,7 +42,8 @@ START_METHODS = ("forkserver", "spawn")
 # loop loaded. Not tensordict: a worker with a plain nn.Module policy never needs it.
 _FORKSERVER_PRELOAD = [
     "torch", "numpy", "gymnasium", "aiocollect._workers._subprocess_main",
-    "aiocollect._rollout._config", "aiocollect._rollout._policy", "aiocollect._rollout._rollout", "aiocollect._envs._gym",
+    "aiocollect._rollout._config", "aiocollect._rollout._policy", "aiocollect._rollout._rollout",
+    "aiocollect._envs._gym",
     "aiocollect._workers._forkserver",  # last: freezes what the others loaded
 ]  # fmt: skip
 
@@ -252,16 +253,16 @@ class SubprocessTransport(Transport):
         if conn is None or not conn.poll():
             return None
         try:
-            return conn.recv()  # type: ignore[no-any-return]
+            return conn.recv()
         except (EOFError, OSError):
             return None  # the waiting receive() reaps the process and reports the exit
 
     def receive_nowait(self, workers: list[int]) -> list[tuple[int, Event]]:
-        got = []
+        got: list[tuple[int, Event]] = []
         if self._early:  # read by a receive() that was cancelled before it returned them
             keep: deque[tuple[int, Event]] = deque()
-            for w, msg in self._early:
-                (got if w in workers else keep).append((w, msg))
+            for w, early in self._early:
+                (got if w in workers else keep).append((w, early))
             self._early = keep
         for w in workers:
             msg = self._receive_nowait(w)

@@ -68,7 +68,7 @@ class SubprocessChannel(WorkerChannel):
         torch.set_num_threads(spec.num_sub_threads)  # the whole process is this worker's
 
     def receive(self) -> Command:
-        return self._conn.recv()  # type: ignore[no-any-return]
+        return self._conn.recv()
 
     def send(self, event: Event) -> None:
         self._conn.send(event)

@@ -191,10 +191,12 @@ class WorkerChannel(ABC):
     def storage(self, handle: Any) -> dict[Any, Any]:
         """The columns of a replay buffer's storage named by an `AttachStorage` handle."""
 
-    def setup(self, spec: Any) -> None:  # optional hook, deliberately empty
+    # The two hooks below are optional: deliberately no-ops by default (not abstract, as only
+    # some channels need them), overridden by the channels that do.
+    def setup(self, spec: Any) -> None:  # noqa: B027
         """Prepare the worker's process for its `WorkerSpec` (torch threads, ...); nothing by default."""
 
-    def attach_runner(self, activity: Callable[[], int], interrupt: Callable[[], None]) -> None:
+    def attach_runner(self, activity: Callable[[], int], interrupt: Callable[[], None]) -> None:  # noqa: B027
         """Watch a runner that works between commands on its own (a collection node's collector).
 
         A transport that hosts such runners counts ``activity()`` (it grows with every env

@@ -120,7 +120,8 @@ class NodePid(int):
     def __str__(self) -> str:
         return f"{int(self)} on {self.host}, rank {self.rank}"
 
-    __format__ = lambda self, spec: str(self) if not spec else int.__format__(self, spec)
+    def __format__(self, spec: str) -> str:
+        return str(self) if not spec else int.__format__(self, spec)
 
     def __reduce__(self) -> Any:
         return (NodePid, (int(self), self.host, self.rank))
@@ -182,7 +183,9 @@ def pair_group(store: Any, prefix: str, rank: int, backend: str, host: str, time
 
     prefixed = dist.PrefixStore(f"aiocollect/{prefix}/", store)
     if backend == "gloo":
-        opts = dist.ProcessGroupGloo._Options()
+        # torch's stubs call this class ProcessGroupGloo.Options; at runtime that name is
+        # Backend.Options (which Gloo does not take), and Gloo's own is _Options.
+        opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
         opts._timeout = timedelta(seconds=timeout)
         iface = os.environ.get("GLOO_SOCKET_IFNAME")
         device = (

@@ -26,8 +26,7 @@ async def trainer(out: str) -> None:
         fns, policy, frames_per_batch=10 * nodes, total_frames=30 * nodes, sync=True, launcher="external"
     ) as c:
         firsts = [b["observation"][:, 0, 0, 0].tolist() async for b in c]
-    with open(out, "w") as f:
-        json.dump({"firsts": firsts, "frames": c.stats().frames}, f)
+    await anyio.Path(out).write_text(json.dumps({"firsts": firsts, "frames": c.stats().frames}))
 
 
 if __name__ == "__main__":

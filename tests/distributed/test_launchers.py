@@ -147,7 +147,8 @@ async def test_submitit_local_executor_runs_nodes_and_cleans_up(tmp_path: Path) 
         ) as c:
             frames = sum([b.numel() async for b in c])
     assert frames == 32
-    assert any(tmp_path.iterdir()), "submitit wrote no job folder: the launcher did not go through it"
+    written = [p async for p in anyio.Path(tmp_path).iterdir()]
+    assert written, "submitit wrote no job folder: the launcher did not go through it"
 
 
 def test_a_submitit_job_deaf_to_its_cancel_is_killed_with_its_tasks(

@@ -141,8 +141,8 @@ async def test_submitit_local_executor_runs_rpc_nodes(tmp_path) -> None:
     pytest.importorskip("submitit")
     with anyio.fail_after(100):
         async with RPCCollector(
-            [partial(CountingEnv, 1, episode_length=7)] * 2, scripted(), frames_per_batch=20, total_frames=60, sync=True,
-            launcher="submitit", submitit_folder=str(tmp_path), shutdown_timeout=10.0,
+            [partial(CountingEnv, 1, episode_length=7)] * 2, scripted(), frames_per_batch=20, total_frames=60,
+            sync=True, launcher="submitit", submitit_folder=str(tmp_path), shutdown_timeout=10.0,
         ) as c:  # fmt: skip
             batches = [b async for b in c]
     assert [b[WORKER_ID][:, 0, 0].tolist() for b in batches] == [[0, 1]] * 3

@@ -39,7 +39,7 @@ def test_blocking_twin_collects_syncs_weights_and_exits_cleanly() -> None:
     assert all((b[VERSION] == 1).all() for b in rest)
     assert len(pids) == 2
     with BlockingDistributedSyncCollector(ENVS, policy, frames_per_batch=10, **kw) as s:
-        endless = [b for _, b in zip(range(4), s)]  # total_frames=-1: it stops when we stop
+        endless = [b for _, b in zip(range(4), s, strict=False)]  # total_frames=-1: it stops when we stop
     assert [b.shape for b in endless] == [torch.Size([2, 1, 5])] * 4
 
 

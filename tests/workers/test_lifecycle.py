@@ -131,7 +131,7 @@ def test_script_without_main_guard_gets_a_clear_error(tmp_path: Path) -> None:
         print("done")
     """,
     )
-    out, err = proc.communicate(timeout=90)
+    _, err = proc.communicate(timeout=90)
     assert proc.returncode != 0
     assert 'guard that code with `if __name__ == "__main__":`' in err
     assert err.count("Traceback") < 10  # one failure per worker start, not a crash loop

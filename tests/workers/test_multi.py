@@ -85,7 +85,7 @@ async def test_same_seed_same_data_whatever_the_timing(backend: str) -> None:
     with anyio.fail_after(90):
         a, b = await run(7), await run(7)
         other = await run(8)
-    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     assert not torch.equal(a[0], other[0])
 
 
@@ -148,7 +148,9 @@ async def test_env_construction_error_is_reported_at_start(backend: str) -> None
 
 
 async def test_sigkill_gives_worker_crashed_error() -> None:
-    env = lambda: CountingEnv(0, episode_length=10**9)
+    def env() -> CountingEnv:
+        return CountingEnv(0, episode_length=10**9)
+
     with anyio.fail_after(60):
         with pytest.raises(WorkerCrashedError) as info:
             async with MultiAsyncCollector(env, num_workers=2, frames_per_batch=1000) as c:
@@ -161,7 +163,9 @@ async def test_sigkill_gives_worker_crashed_error() -> None:
 
 
 async def test_supervised_worker_is_restarted_and_iteration_continues() -> None:
-    env = lambda: CountingEnv(0, episode_length=10**9)
+    def env() -> CountingEnv:
+        return CountingEnv(0, episode_length=10**9)
+
     with anyio.fail_after(90):
         async with MultiSyncCollector(env, ScriptedPolicy(1.0), num_workers=2, frames_per_batch=200,
                                       restart_workers=1) as c:  # fmt: skip

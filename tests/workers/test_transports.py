@@ -86,8 +86,8 @@ async def test_a_hung_inline_worker_fails_instead_of_restarting() -> None:
     # A thread cannot be killed, so restart_workers cannot replace it: the stall is raised.
     try:
         with anyio.fail_after(60), pytest.raises(WorkerTimeoutError, match=r"^worker 0 \(pid \d+\) made no progress"):
-            async with MultiAsyncCollector([_HangsUntilReleased], frames_per_batch=4, worker_timeout=0.5, restart_workers=1,
-                                           shutdown_timeout=0.5, backend="inline") as c:  # fmt: skip
+            async with MultiAsyncCollector([_HangsUntilReleased], frames_per_batch=4, worker_timeout=0.5,
+                                           restart_workers=1, shutdown_timeout=0.5, backend="inline") as c:  # fmt: skip
                 await c.__anext__()
     finally:
         _RELEASE.set()  # lets the abandoned thread finish, so nothing outlives the test

@@ -1,0 +1,82 @@
+"""How a `Rollout`'s time-major storage becomes the ``[*B, T]`` batch a caller keeps.
+
+The storage is ``[T, *B, ...]`` so each step writes one contiguous slice; `RolloutOutput`
+moves time to the last batch dim while making the one copy the caller gets, adding the
+per-frame policy version and worker id.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
+
+    from .._envs._specs import EnvSpec, NestedKey
+
+__all__ = ["RolloutOutput"]
+
+
+class RolloutOutput:
+    """Mixed into `Rollout` (whose storage these methods read), to keep its module small."""
+
+    buf: dict[NestedKey, torch.Tensor] | None
+    spec: EnvSpec
+    B: tuple[int, ...]
+    T: int
+    nb: int
+    versions: list[int]
+    worker_id: int
+    storing_device: torch.device | None
+
+    def _kept(self) -> list[tuple[Any, torch.Tensor]]:
+        """The storage entries batches hold: all but a root reward the env does not have."""
+        assert self.buf is not None
+        if self.spec.root_reward:
+            return list(self.buf.items())
+        return [(k, v) for k, v in self.buf.items() if k != ("next", "reward")]
+
+    def output_layout(self) -> list[tuple[Any, tuple[int, ...], torch.dtype]]:
+        """Keys, shapes and dtypes of the batches `collect` produces (buffers must exist, see `prepare`)."""
+        assert self.buf is not None
+        shape = (*self.B, self.T)
+        layout = [(k, (*shape, *v.shape[1 + self.nb :]), v.dtype) for k, v in self._kept()]
+        layout += [(k, (*shape, 1), torch.bool) for k in ("done", "terminated", "truncated")]
+        layout += [
+            (("collector", "policy_version"), shape, torch.int64),
+            (("collector", "worker_id"), shape, torch.int64),
+        ]
+        return layout
+
+    def _write_out(self, out: dict[Any, torch.Tensor], steps: int) -> None:
+        """Copy the batch out of the time-major storage into ``out`` (e.g. a shared slot).
+
+        ``steps < T`` (a preempted batch) zeroes the missing steps and marks them with
+        trajectory id and policy version ``-1``, as TorchRL does.
+        """
+        assert self.buf is not None
+        for k, v in self._kept():
+            out[k].copy_(v.movedim(0, self.nb))
+        for k in ("done", "terminated", "truncated"):
+            out[k].zero_()
+        versions = self.versions + [-1] * (self.T - len(self.versions))
+        out[("collector", "policy_version")].copy_(torch.tensor(versions, dtype=torch.int64))
+        out[("collector", "worker_id")].fill_(self.worker_id)
+        if steps < self.T:
+            for v in out.values():
+                v.narrow(self.nb, steps, self.T - steps).zero_()
+            for k in (("collector", "traj_ids"), ("collector", "policy_version")):
+                if k in out:
+                    out[k].narrow(self.nb, steps, self.T - steps).fill_(-1)
+
+    def _wrap(self, out: dict[Any, torch.Tensor] | None, steps: int) -> TensorDict:
+        """`_write_out` into ``out`` (allocated if ``None``) and wrap it as a ``[*B, T]`` TensorDict."""
+        from tensordict import TensorDict
+
+        dev = self.storing_device
+        if out is None:
+            out = {k: torch.empty(shape, dtype=dtype, device=dev) for k, shape, dtype in self.output_layout()}
+        self._write_out(out, steps)
+        return TensorDict(out, batch_size=(*self.B, self.T), device=dev, names=[*([None] * self.nb), "time"])
