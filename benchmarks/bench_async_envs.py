@@ -1,3 +1,4 @@
+#!/usr/bin/env python
 """Coroutine envs: aiocollect's AsyncEnvPool beside a bare asyncio loop, a thread pool and gymnasium.
 
 Workload: single envs whose step waits ``delay`` seconds (a remote simulator, a web API),
@@ -26,14 +27,15 @@ minus the wait, divided by the envs. The ``limit`` column is ``n / delay`` (no o
 
     PYTHONPATH=. python benchmarks/bench_async_envs.py              # about 6 minutes on 2 cores
     PYTHONPATH=. python benchmarks/bench_async_envs.py --quick      # smoke run
+
+See benchmarks/README.md for what each row means.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
-import statistics
+import os
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -42,6 +44,10 @@ from typing import Any
 import anyio
 import numpy as np
 from gymnasium import Env, spaces
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling modules, from any cwd
+import _harness as h
+from _harness import Col, log
 
 
 class Waiting:
@@ -152,26 +158,15 @@ def heartbeat_p99(
     from aiocollect import AsyncEnvPool, Collector
 
     async def main() -> tuple[float, float]:
-        gaps: list[float] = []
-        done = anyio.Event()
-
-        async def heartbeat() -> None:
-            last = time.perf_counter()
-            while not done.is_set():
-                await anyio.sleep(0.001)
-                now = time.perf_counter()
-                gaps.append(now - last)
-                last = now
-
+        hb = h.Heartbeat()
         pool = lambda: AsyncEnvPool([Waiting(delay) for _ in range(n)], gc_freeze=gc_freeze)  # noqa: E731
         async with anyio.create_task_group() as tg:
-            tg.start_soon(heartbeat)
+            tg.start_soon(hb.run)
             start = time.perf_counter()
             async with Collector(pool, frames_per_batch=n * steps, total_frames=n * steps * batches) as c:
                 frames = sum([b.numel() async for b in c])
-            done.set()
-        gaps.sort()
-        return frames / (time.perf_counter() - start), gaps[int(len(gaps) * 0.99)] * 1e3
+            hb.stop()
+        return frames / (time.perf_counter() - start), h.percentile(hb.gaps(), 99) * 1e3
 
     return anyio.run(main, backend="asyncio", backend_options=options)
 
@@ -224,22 +219,28 @@ def run_gym_async(n: int, delay: float, steps: int, batches: int) -> float:
         env.close()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smoke run: fewer batches, 64 envs only")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds per case; each row's median is reported")
-    parser.add_argument("--json", help="also write the rows to this file")
-    args = parser.parse_args()
+def main(argv: list[str] | None = None) -> int:
+    ap = h.parser(__doc__, quick="smoke run: fewer batches, 64 envs only", strict=False)
+    ap.add_argument("--rounds", type=int, default=3, help="rounds per case; each row's median is reported")
+    args = ap.parse_args(argv)
     cases = [(64, 0.0), (64, 0.01)] if args.quick else [(64, 0.0), (64, 0.01), (1024, 0.0), (1024, 0.01)]
     batches = 2 if args.quick else 6
     if args.quick:
         args.rounds = 1
     steps = 16
     uvloop = {"use_uvloop": True}
+    run = h.Session("numpy", "gymnasium", "anyio", "uvloop", "trio", "aiocollect")
+    run.header(
+        f"bench_async_envs: {'QUICK' if args.quick else 'full'} run, {args.rounds} round(s) per case, "
+        f"{batches} timed batches of {steps} steps of every env",
+        "",
+    )
     rows: list[dict[str, Any]] = []
+    cols = [Col("row", width=28, left=True), Col("frames/s", width=10), Col("overhead us/env-step", width=21)]
+    cols.append(Col("vs bare", width=8))
     for n, delay in cases:
         limit = n / delay if delay else float("inf")
-        print(f"\n{n} envs, step wait {delay * 1e3:g} ms (limit {limit:,.0f} frames/s)")
+        log(f"\n{n} envs, step wait {delay * 1e3:g} ms (limit {limit:,.0f} frames/s)")
         case = (n, delay, steps, batches)
         makers: dict[str, Any] = {
             "aiocollect asyncio": partial(run_aiocollect, *case, "asyncio", {}),
@@ -261,33 +262,35 @@ def main() -> None:
         for _ in range(args.rounds):
             for name, make in makers.items():
                 samples[name].append(make())
-        runs = {name: statistics.median(v) for name, v in samples.items()}
+        runs = {name: h.median(v) for name, v in samples.items()}
         bare = runs["bare asyncio loop"]
-        print(f"  {'row':28s} {'frames/s':>10s} {'overhead us/env-step':>21s} {'vs bare':>8s}")
+        cells = []
         for name, fps in runs.items():
             overhead = (1 / fps - delay / n) * 1e6
-            print(f"  {name:28s} {fps:10,.0f} {overhead:21.1f} {fps / bare:8.2f}x")
+            cells.append([name, f"{fps:,.0f}", f"{overhead:.1f}", f"{fps / bare:.2f}x"])
             rows.append({"envs": n, "delay": delay, "row": name, "fps": fps, "overhead_us": overhead})
-    print("\n1024 envs, step wait 10 ms, uvloop: a 1 ms heartbeat task on the same loop")
+        for line in h.console_table(cols, cells):
+            log("  " + line)
+    log("\n1024 envs, step wait 10 ms, uvloop: a 1 ms heartbeat task on the same loop")
     for gc_freeze in (None, False):
         fps, p99 = heartbeat_p99(1024, 0.01, steps, batches, uvloop, gc_freeze)
         name = "default (gc_freeze)" if gc_freeze is None else "gc_freeze=False"
-        print(f"  {name:28s} {fps:10,.0f} frames/s, heartbeat p99 gap {p99:.1f} ms")
+        log(f"  {name:28s} {fps:10,.0f} frames/s, heartbeat p99 gap {p99:.1f} ms")
         rows.append({"envs": 1024, "delay": 0.01, "row": f"heartbeat, {name}", "fps": fps, "p99_ms": p99})
     n = 256
     frames, hb = (n * 4, 1) if args.quick else (n * 8, 3)
-    print(f"\n{n} envs, heavy-tailed step latency (lognormal, median 20 ms, p99 500 ms), uvloop")
+    log(f"\n{n} envs, heavy-tailed step latency (lognormal, median 20 ms, p99 500 ms), uvloop")
     lock = run_heavy_tailed(n, frames, hb, None, uvloop)
     free = {k: run_heavy_tailed(n, frames, hb, k, uvloop) for k in (1, 16, 64)}
-    print(f"  {'lock-step':28s} {lock:10,.0f} frames/s")
+    log(f"  {'lock-step':28s} {lock:10,.0f} frames/s")
     rows.append({"envs": n, "delay": "lognormal", "row": "lock-step", "fps": lock})
     for k, fps in free.items():
-        print(f"  {f'barrier-free min_ready={k}':28s} {fps:10,.0f} frames/s {fps / lock:8.2f}x lock-step")
+        log(f"  {f'barrier-free min_ready={k}':28s} {fps:10,.0f} frames/s {fps / lock:8.2f}x lock-step")
         rows.append({"envs": n, "delay": "lognormal", "row": f"barrier-free min_ready={k}", "fps": fps})
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    run.footer()
+    run.write_json(args.json, rows=rows)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

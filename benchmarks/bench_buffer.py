@@ -34,17 +34,11 @@ See benchmarks/README.md for what each row means and the fairness rules.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import gc
-import importlib.util
-import json
-import logging
 import math
 import multiprocessing
 import os
-import platform
-import statistics
 import sys
 import threading
 import time
@@ -54,7 +48,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-import gymnasium as gym
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
@@ -62,10 +55,12 @@ from torch import nn
 import aiocollect
 import aiocollect.blocking
 
-# The single-process benchmark's helpers (policy, env modes, formatting). Spawned workers
-# re-import this module, and with it this path setup, so they can import it too.
+# The sibling modules, from any cwd. Spawned workers re-import this module, and with it this
+# path setup, so they can unpickle the policy and env factories of _workloads too.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_collect as bc
+import _harness as h
+import _workloads as wl
+from _harness import Col, log
 
 ENVS = 8  # CartPole envs per SyncVectorEnv
 FPB = 800  # frames per batch: [8 envs, 100 steps]
@@ -79,32 +74,13 @@ TARGETS = {
     "sample_vs_torchrl": 1.0,  # aiocollect sample_nowait / async sample vs TorchRL, same sampler
     "background_vs_torchrl": 2.0,  # frames written per second, same workload and role
 }
-SAME_STEP, DISABLED = bc.SAME_STEP, bc.DISABLED
-Log = Callable[[str], None]
+CARTPOLE8 = wl.CARTPOLE8  # bench_collect's CartPole x8: a SyncVectorEnv of 8, SAME_STEP autoreset
+TRL_CARTPOLE8 = functools.partial(wl.trl_vec, "CartPole-v1", ENVS)  # TorchRL's fastest in-process setup
 
 
 # --------------------------------------------------------------------------------------------
-# Environments (module level: picklable for spawned workers), policy and payloads
+# Payloads
 # --------------------------------------------------------------------------------------------
-
-
-def make_cartpole8() -> gym.vector.VectorEnv:
-    """bench_collect's CartPole x8: a SyncVectorEnv of 8 in SAME_STEP autoreset mode."""
-    return gym.make_vec("CartPole-v1", ENVS, vectorization_mode="sync", vector_kwargs={"autoreset_mode": SAME_STEP})
-
-
-def trl_cartpole8() -> Any:
-    """TorchRL's fastest in-process setup for the same vector env (see bench_collect): its
-    GymWrapper around a SyncVectorEnv of 8 in AutoresetMode.DISABLED."""
-    from torchrl.envs import GymWrapper
-
-    env = gym.make_vec("CartPole-v1", ENVS, vectorization_mode="sync", vector_kwargs={"autoreset_mode": DISABLED})
-    return GymWrapper(env, categorical_action_encoding=True)
-
-
-def make_policy() -> nn.Module:
-    torch.manual_seed(0)  # same MLP weights on every run
-    return bc.DiscretePolicy(4, 2)
 
 
 def cartpole_payload(policy: nn.Module) -> TensorDict:
@@ -112,7 +88,7 @@ def cartpole_payload(policy: nn.Module) -> TensorDict:
     TensorDict (aiocollect names the time dim; TorchRL's buffers do not expect names)."""
 
     async def collect() -> TensorDictBase:
-        c = aiocollect.Collector(make_cartpole8, policy, frames_per_batch=FPB, total_frames=FPB)
+        c = aiocollect.Collector(CARTPOLE8, policy, frames_per_batch=FPB, total_frames=FPB)
         c.set_seed(0)
         async with c:
             return await c.__anext__()
@@ -169,19 +145,8 @@ class Payload:
 
 
 # --------------------------------------------------------------------------------------------
-# TorchRL availability (nothing of TorchRL is imported at module level)
+# TorchRL (nothing of TorchRL is imported at module level)
 # --------------------------------------------------------------------------------------------
-
-
-def torchrl_missing() -> str | None:
-    if importlib.util.find_spec("torchrl") is None:
-        return "torchrl is not installed"
-    try:
-        import torchrl.collectors
-        import torchrl.data  # noqa: F401
-    except Exception as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return None
 
 
 def torchrl_prioritized_missing() -> str | None:
@@ -209,9 +174,8 @@ def torchrl_prioritized_missing() -> str | None:
 def torchrl_collector_classes() -> tuple[type, type]:
     import torchrl.collectors as trc
 
-    single = getattr(trc, "Collector", None) or trc.SyncDataCollector  # 0.14 names first
-    multi = getattr(trc, "MultiAsyncCollector", None) or trc.MultiaSyncDataCollector
-    return single, multi
+    single = h.first_attr(trc, ("Collector", "SyncDataCollector"))[0]  # 0.14 names first
+    return single, h.first_attr(trc, ("MultiAsyncCollector", "MultiaSyncDataCollector"))[0]
 
 
 # --------------------------------------------------------------------------------------------
@@ -235,7 +199,7 @@ class OpRow:
 
     @property
     def cps(self) -> float:
-        return statistics.median(self.runs) if self.runs else math.nan
+        return h.median(self.runs)
 
     @property
     def fps(self) -> float:
@@ -243,8 +207,7 @@ class OpRow:
 
     @property
     def spread(self) -> float:
-        r = self.runs
-        return (max(r) - min(r)) / statistics.median(r) if len(r) > 1 else 0.0
+        return h.spread(self.runs)
 
 
 def direct_runner(fn: Callable[[], Any]) -> Callable[[int], float]:
@@ -426,7 +389,7 @@ def calibrate(row: OpRow, target_s: float, min_calls: int = 3) -> None:
     row.calls = max(min_calls, math.ceil(target_s * k / max(dt, 1e-9)))
 
 
-def run_op_rows(rows: list[OpRow], repeats: int, target_s: float, log: Log) -> None:
+def run_op_rows(rows: list[OpRow], repeats: int, target_s: float) -> None:
     """Warm up and size every row, then time them round robin."""
     live = []
     for row in rows:
@@ -473,13 +436,11 @@ class BgRow:
     errors: list[str] = field(default_factory=list)
 
     def med(self, attr: str) -> float:
-        v = [getattr(r, attr) for r in self.runs if math.isfinite(getattr(r, attr))]
-        return statistics.median(v) if v else math.nan
+        return h.median(getattr(r, attr) for r in self.runs)
 
     @property
     def spread(self) -> float:
-        f = [r.collect_fps for r in self.runs]
-        return (max(f) - min(f)) / statistics.median(f) if len(f) > 1 else 0.0
+        return h.spread(r.collect_fps for r in self.runs)
 
 
 class Window:
@@ -625,8 +586,8 @@ def trl_run(policy: nn.Module, seconds: float, multi: bool) -> BgRun:
         module = TensorDictModule(policy, in_keys=["observation"], out_keys=["action"])
         kw = {"frames_per_batch": FPB, "total_frames": -1, "replay_buffer": rb}
         if multi:
-            return rb, multi_cls([trl_cartpole8] * NUM_WORKERS, module, **kw)
-        return rb, single_cls(trl_cartpole8, module, **kw)
+            return rb, multi_cls([TRL_CARTPOLE8] * NUM_WORKERS, module, **kw)
+        return rb, single_cls(TRL_CARTPOLE8, module, **kw)
 
     return run_blocking(make, _trl_frames, _sample, _trl_close, seconds, multi * NUM_WORKERS)
 
@@ -638,8 +599,8 @@ def aio_run(policy: nn.Module, seconds: float, multi: bool, sample: Callable = _
         kw = {"frames_per_batch": FPB, "total_frames": -1, "replay_buffer": rb}
         if multi:
             cls = aiocollect.MultiaSyncDataCollector
-            return rb, cls(make_cartpole8, policy, num_workers=NUM_WORKERS, **kw)
-        return rb, aiocollect.SyncDataCollector(make_cartpole8, policy, **kw)
+            return rb, cls(CARTPOLE8, policy, num_workers=NUM_WORKERS, **kw)
+        return rb, aiocollect.SyncDataCollector(CARTPOLE8, policy, **kw)
 
     return run_blocking(make, _aio_frames, sample, _aio_close, seconds, multi * NUM_WORKERS)
 
@@ -650,7 +611,7 @@ def aio_async_run(policy: nn.Module, seconds: float) -> BgRun:
         frames = functools.partial(_aio_frames, rb)
         t0 = time.perf_counter()
         try:
-            c = aiocollect.Collector(make_cartpole8, policy, frames_per_batch=FPB, total_frames=-1, replay_buffer=rb)
+            c = aiocollect.Collector(CARTPOLE8, policy, frames_per_batch=FPB, total_frames=-1, replay_buffer=rb)
             async with c:
                 c.start()
                 first = await _await_frames(frames, 1, t0, "first write")
@@ -673,7 +634,7 @@ def build_bg_rows(policy: nn.Module, torchrl: bool, multi: bool, extra: bool) ->
         return lambda s: fn(policy, s, **kw)
 
     rows = []
-    single_cls, multi_cls = torchrl_collector_classes() if torchrl else (None, None)
+    single_cls, multi_cls = torchrl_collector_classes() if torchrl else (type(None), type(None))
     if torchrl:
         name = f"TorchRL {single_cls.__name__}.start() (thread)"
         rows.append(BgRow(name, "torchrl", "single", 0, bind(trl_run, multi=False)))
@@ -694,30 +655,9 @@ def build_bg_rows(policy: nn.Module, torchrl: bool, multi: bool, extra: bool) ->
     return rows
 
 
-def _is_helper(t: threading.Thread) -> bool:
-    """multiprocessing's resource-sharer thread: started the first time a file descriptor is
-    sent to a spawned process (torch does so to share tensors), it serves for the process's
-    lifetime. It is not a collector's thread."""
-    target = getattr(t, "_target", None)
-    return getattr(target, "__qualname__", "") == "_ResourceSharer._serve"
-
-
-def leftovers(baseline: set[int], timeout: float = 3.0) -> tuple[list[str], list[str]]:
-    """Child processes, and threads not alive before the benchmark (except helpers), still
-    there after ``timeout``; and the long-lived helper threads."""
-    deadline = time.perf_counter() + timeout
-    while True:
-        procs = [f"process {p.pid} {p.name}" for p in multiprocessing.active_children()]
-        new = [t for t in threading.enumerate() if t.ident not in baseline and t.is_alive()]
-        threads = [f"thread {t.name}" for t in new if not _is_helper(t)]
-        helpers = [f"thread {t.name}" for t in new if _is_helper(t)]
-        if not (procs or threads) or time.perf_counter() > deadline:
-            return procs + threads, helpers
-
-
-def run_bg_rows(rows: list[BgRow], repeats: int, seconds: float, baseline: set[int], log: Log) -> list[str]:
+def run_bg_rows(rows: list[BgRow], repeats: int, seconds: float, baseline: set[int]) -> list[str]:
     """Time the rows round robin (no warmup run: the first run of a row is its cold start).
-    Returns notes on long-lived helper threads that appeared (not counted as leaks)."""
+    Returns notes on long-lived helpers that appeared (not counted as leaks)."""
     notes: list[str] = []
     seen: set[str] = set()
     for rep in range(repeats):
@@ -728,14 +668,15 @@ def run_bg_rows(rows: list[BgRow], repeats: int, seconds: float, baseline: set[i
                 row.errors.append(f"{type(exc).__name__}: {exc}")
                 log(f"  ERROR   {row.name}: {row.errors[-1]}")
                 r = None
-            left, helpers = leftovers(baseline)
+            left = h.wait_children_gone(3.0, baseline)
+            _, helpers = h.live_children(baseline)
             if left:
                 log(f"  WARNING: {row.name}: still alive after shutdown: {left}")
-            for h in set(helpers) - seen:
-                seen.add(h)
+            for helper in sorted(set(helpers) - seen):
+                seen.add(helper)
                 notes.append(
-                    f"{h} (multiprocessing.resource_sharer; serves for the process's lifetime) "
-                    f"appeared during a run of {row.name}; not counted as a leak"
+                    f"{helper} appeared during a run of {row.name}: a long-lived helper of multiprocessing or "
+                    "torch that serves for the process's lifetime, not counted as a leak"
                 )
             if r is None:
                 continue
@@ -751,28 +692,63 @@ def run_bg_rows(rows: list[BgRow], repeats: int, seconds: float, baseline: set[i
 
 
 # --------------------------------------------------------------------------------------------
-# Main
+# Main and the output tables (their columns: a heading and how a result record becomes the cell)
 # --------------------------------------------------------------------------------------------
 
+OP_COLUMNS = [
+    Col("payload", "{payload}", 25, left=True),
+    Col("op", "{op}", 6, left=True),
+    Col("row", "{row}", 50, left=True),
+    Col("calls/s", "{calls_per_s:.0f}", 8),
+    Col("frames/s", "{frames_per_s:.0f}", 10),
+    Col("us/call", "{us_per_call:.0f}", 7),
+    Col("x TorchRL", h.ratio("vs_torchrl"), 9),
+    Col("spread", lambda t: f"{t['spread'] * 100:.0f}%", 6),
+]
+OP_MARKDOWN = [
+    Col("payload", "{payload}", left=True),
+    Col("op", "{op}", left=True),
+    Col("buffer, call", "{row}", left=True),
+    Col("calls/s", "{calls_per_s:,.0f}"),
+    Col("frames/s", "{frames_per_s:,.0f}"),
+    Col("vs TorchRL", h.ratio("vs_torchrl", "-")),
+]
+BG_COLUMNS = [
+    Col("row", "{row}", 45, left=True),
+    Col("procs", "{procs}", 5),
+    Col("1st write", "{first_write_ms:.0f}ms", 9),
+    Col("collect", "{collect_fps:.0f}", 8),
+    Col("x TorchRL", h.ratio("collect_vs_torchrl"), 9),
+    Col("+learner", "{learner_fps:.0f}", 8),
+    Col("x TorchRL", h.ratio("learner_vs_torchrl"), 9),
+    Col("batch/s", "{learner_batches_per_s:.0f}", 7),
+    Col("x TorchRL", h.ratio("learner_batches_vs_torchrl"), 9),
+    Col("close", "{close_ms:.0f}ms", 6),
+    Col("spread", lambda t: f"{t['spread'] * 100:.0f}%", 6),
+]
+BG_MARKDOWN = [
+    Col("background collection, CartPole-v1 x8", "{row}", left=True),
+    Col("env procs", "{procs}"),
+    Col("first write (ms)", "{first_write_ms:,.0f}"),
+    Col("collect only (frames/s)", "{collect_fps:,.0f}"),
+    Col("vs TorchRL", h.ratio("collect_vs_torchrl", "-")),
+    Col("+ learner (frames/s)", "{learner_fps:,.0f}"),
+    Col("vs TorchRL", h.ratio("learner_vs_torchrl", "-")),
+    Col("learner (batches/s)", "{learner_batches_per_s:,.0f}"),
+    Col("vs TorchRL", h.ratio("learner_batches_vs_torchrl", "-")),
+]
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        description=(__doc__ or "").split("\n\n")[0],
-        epilog="See benchmarks/README.md for what each row means.",
-    )
-    ap.add_argument("--quick", action="store_true", help="CI smoke run (under a minute), noisy")
-    ap.add_argument("--repeats", type=int, default=None, help="timed runs per buffer row (default 5, quick 2)")
-    ap.add_argument(
-        "--target-seconds",
-        type=float,
-        default=None,
-        help="approximate length of one timed buffer run (default 0.25, --quick 0.1)",
+
+def parse_args(argv: list[str] | None) -> Any:
+    ap = h.parser(
+        __doc__,
+        quick="CI smoke run (under a minute), noisy",
+        repeats="timed runs per buffer row (default 5, quick 2)",
+        target_seconds="approximate length of one timed buffer run (default 0.25, --quick 0.1)",
+        no_torchrl="skip the TorchRL rows",
     )
     ap.add_argument(
-        "--bg-repeats",
-        type=int,
-        default=None,
-        help="runs per background-collection row (default 3, --quick 1)",
+        "--bg-repeats", type=int, default=None, help="runs per background-collection row (default 3, --quick 1)"
     )
     ap.add_argument(
         "--bg-seconds",
@@ -781,21 +757,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="length of each measurement window of a background run (default 4, --quick 1.5)",
     )
     ap.add_argument(
-        "--payload",
-        action="append",
-        choices=["cartpole", "atari"],
-        help="run only this payload (repeatable)",
+        "--payload", action="append", choices=["cartpole", "atari"], help="run only this payload (repeatable)"
     )
     ap.add_argument("--no-background", action="store_true", help="skip background collection")
     ap.add_argument("--no-multiprocess", action="store_true", help="skip the multi-process background rows")
-    ap.add_argument("--no-torchrl", action="store_true", help="skip the TorchRL rows")
-    ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
-    ap.add_argument("--strict", action="store_true", help="exit with status 1 if a target FAILs")
     return ap.parse_args(argv)
-
-
-def _cell(x: float) -> str:
-    return bc.fmt_ratio(x) if math.isfinite(x) else "-"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -805,47 +771,29 @@ def main(argv: list[str] | None = None) -> int:
     target_s = args.target_seconds or (0.1 if quick else 0.25)
     bg_repeats = args.bg_repeats or (1 if quick else 3)
     bg_seconds = args.bg_seconds or (1.5 if quick else 4.0)
-    t_start, load_start = time.perf_counter(), bc._loadavg()
     # What TorchRL selects for itself in a fresh script, fixed before any process starts, so
     # that TorchRL's multi-process rows do not silently fork (aiocollect always spawns).
     multiprocessing.set_start_method("spawn", force=True)
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
-    baseline_threads = {t.ident for t in threading.enumerate()}
+    baseline_threads = {t.ident for t in threading.enumerate() if t.ident is not None}
 
-    def log(msg: str = "") -> None:
-        print(msg, flush=True)
-
-    trl_missing = "disabled with --no-torchrl" if args.no_torchrl else torchrl_missing()
-    prio_missing = None
-    if trl_missing is None:
-        logging.getLogger("torchrl").setLevel(logging.WARNING)  # silence its INFO chatter
-        prio_missing = torchrl_prioritized_missing()
-    versions = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "tensordict": bc._dist_version("tensordict"),
-        "gymnasium": gym.__version__,
-        "anyio": bc._dist_version("anyio"),
-        "torchrl": bc._dist_version("torchrl") if trl_missing is None else "not used",
-        "aiocollect": aiocollect.__version__,
-    }
-    log(
+    trl_missing = h.torchrl_note(args.no_torchrl, import_it=True)
+    prio_missing = torchrl_prioritized_missing() if trl_missing is None else None
+    run = h.Session("torch", "tensordict", "gymnasium", "anyio", "torchrl", aiocollect=aiocollect.__version__)
+    if trl_missing is not None:
+        run.versions["torchrl"] = "not used"
+    notes = [f"NOTE: TorchRL rows skipped ({trl_missing})"] if trl_missing else []
+    notes += [f"NOTE: TorchRL's prioritized rows skipped: {prio_missing}"] if prio_missing else []
+    run.header(
         f"bench_buffer: {'QUICK (no informational rows)' if quick else 'full'} run; buffer rows: "
         f"{repeats} timed runs of ~{target_s:g} s after a warmup, sample batch {BATCH}; "
-        f"background rows: {bg_repeats} run(s), windows of {bg_seconds:g} s"
+        f"background rows: {bg_repeats} run(s), windows of {bg_seconds:g} s",
+        f"torch threads={torch.get_num_threads()}",
+        *notes,
     )
-    log(f"  {platform.platform()}, {os.cpu_count()} CPUs, torch threads={torch.get_num_threads()}")
-    log("  " + ", ".join(f"{k} {v}" for k, v in versions.items()))
-    if trl_missing is not None:
-        log(f"  NOTE: TorchRL rows skipped ({trl_missing})")
-    elif prio_missing is not None:
-        log(f"  NOTE: TorchRL's prioritized rows skipped: {prio_missing}")
-    log(f"  load average (1 min) at start: {load_start:.2f}")
-    if load_start > 0.5:
-        log("  WARNING: the machine is not idle; other processes share the CPUs and add noise.")
 
-    policy = make_policy()
+    policy = wl.seeded(wl.DiscretePolicy, 4, 2)
     payloads = []
     chosen = args.payload or ["cartpole", "atari"]
     if "cartpole" in chosen:
@@ -856,7 +804,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # ---------------------------------------------------------------- part 1: buffers
     op_rows: list[OpRow] = []
-    notes: list[str] = []
+    notes = []
     phases = len(payloads) + (0 if args.no_background else 1)
     for i, p in enumerate(payloads):
         phase = time.perf_counter()
@@ -873,9 +821,9 @@ def main(argv: list[str] | None = None) -> int:
         gc.collect()
         gc.freeze()
         log(f"  buffers built and filled ({time.perf_counter() - phase:.1f} s)")
-        run_op_rows([r for r in rows if r.op == "extend"], repeats, target_s, log)
+        run_op_rows([r for r in rows if r.op == "extend"], repeats, target_s)
         randomize_priorities(bufs, p.capacity)  # after the extends, which reset them to the max
-        run_op_rows([r for r in rows if r.op == "sample"], repeats, target_s, log)
+        run_op_rows([r for r in rows if r.op == "sample"], repeats, target_s)
         gc.unfreeze()
         bufs.close()
         op_rows += [r for r in rows if r.op == "extend"] + [r for r in rows if r.op == "sample"]
@@ -894,144 +842,170 @@ def main(argv: list[str] | None = None) -> int:
         bg_rows = build_bg_rows(policy, trl_missing is None, not args.no_multiprocess, not quick)
         gc.collect()
         gc.freeze()  # as above: no 0.2 s full collection inside a measurement window
-        bg_notes = run_bg_rows(bg_rows, bg_repeats, bg_seconds, baseline_threads, log)
+        bg_notes = run_bg_rows(bg_rows, bg_repeats, bg_seconds, baseline_threads)
         gc.unfreeze()
         log(f"  ({time.perf_counter() - phase:.1f} s)")
 
-    # ---------------------------------------------------------------- results
-    def ref_op(payload: str, op: str, sampler: str) -> OpRow | None:
-        key = (payload, op, sampler, "torchrl")
-        return next((r for r in op_rows if (r.payload, r.op, r.sampler, r.kind) == key), None)
+    payload_titles = {p.key: p.title for p in payloads}
+    op_table = [op_result(r, ref_op(op_rows, r.payload, r.op, r.sampler), payload_titles) for r in op_rows]
+    bg_table = [bg_result(r, ref_bg(bg_rows, r.role)) for r in bg_rows]
+    checks = h.Checks()
+    targets(checks, payloads, op_rows, bg_rows, trl_missing, prio_missing)
+    if bg_rows:
+        gc.collect()
+        left = h.wait_children_gone(5.0, baseline_threads)
+        leaked = sorted({r.name for r in bg_rows for x in r.runs if x.leaks})
+        clean = not left and not leaked
+        value = "none" if clean else f"alive now: {left}; rows that left some: {leaked}"
+        checks.add("no collector process or thread left alive after shutdown", clean, value)
 
-    def ref_bg(role: str) -> BgRow | None:
-        return next((r for r in bg_rows if (r.kind, r.role) == ("torchrl", role)), None)
+    report(op_table, bg_table, repeats, bg_repeats, bg_seconds, notes, bg_notes)
+    checks.report()
+    markdown(op_table, bg_table, run, repeats, target_s, bg_repeats, bg_seconds)
+    run.footer("this benchmark adds about 1-2")
+    settings = {
+        "quick": quick,
+        "repeats": repeats,
+        "target_seconds": target_s,
+        "bg_repeats": bg_repeats,
+        "bg_seconds": bg_seconds,
+        "batch": BATCH,
+        "alpha": ALPHA,
+        "beta": BETA,
+        "num_workers": NUM_WORKERS,
+        "payloads": {
+            p.key: {"shape": list(p.td.shape), "frame_bytes": p.frame_bytes, "capacity": p.capacity} for p in payloads
+        },
+    }
+    run.write_json(
+        args.json,
+        settings=settings,
+        buffer_rows=op_table,
+        background_rows=bg_table,
+        notes=notes + bg_notes,
+        checks=checks.as_json(),
+    )
+    return checks.exit_code(args.strict)
 
-    titles = {p.key: p.title for p in payloads}
-    op_table = []
-    for r in op_rows:
-        ref = ref_op(r.payload, r.op, r.sampler)
-        op_table.append(
-            {
-                "payload": titles[r.payload],
-                "op": r.op,
-                "row": r.name,
-                "kind": r.kind,
-                "sampler": r.sampler,
-                "way": r.way,
-                "frames_per_call": r.frames,
-                "calls_per_s": r.cps,
-                "frames_per_s": r.fps,
-                "us_per_call": 1e6 / r.cps if r.runs else math.nan,
-                "vs_torchrl": r.fps / ref.fps if ref is not None and ref.runs else math.nan,
-                "spread": r.spread,
-                "runs_calls_per_s": r.runs,
-                "error": r.error,
-            }
-        )
-    bg_table = []
-    for r in bg_rows:
-        ref = ref_bg(r.role)
 
-        def ratio(attr: str, r: BgRow = r, ref: BgRow | None = ref) -> float:
-            return r.med(attr) / ref.med(attr) if ref is not None else math.nan
+def ref_op(op_rows: list[OpRow], payload: str, op: str, sampler: str) -> OpRow | None:
+    """TorchRL's plain buffer with the same sampler: the reference of a buffer row."""
+    key = (payload, op, sampler, "torchrl")
+    return next((r for r in op_rows if (r.payload, r.op, r.sampler, r.kind) == key), None)
 
-        bg_table.append(
-            {
-                "row": r.name,
-                "kind": r.kind,
-                "role": r.role,
-                "procs": r.procs,
-                "first_write_ms": r.med("first_s") * 1e3,
-                "collect_fps": r.med("collect_fps"),
-                "collect_vs_torchrl": ratio("collect_fps"),
-                "learner_fps": r.med("learner_fps"),
-                "learner_vs_torchrl": ratio("learner_fps"),
-                "learner_batches_per_s": r.med("learner_bps"),
-                "learner_batches_vs_torchrl": ratio("learner_bps"),
-                "close_ms": r.med("close_s") * 1e3,
-                "spread": r.spread,
-                "runs": [vars(x) for x in r.runs],
-                "errors": r.errors,
-            }
-        )
 
-    # Targets.
-    checks: list[tuple[str, bool | None, str]] = []
+def ref_bg(bg_rows: list[BgRow], role: str) -> BgRow | None:
+    """TorchRL's collector of the same role: the reference of a background row."""
+    return next((r for r in bg_rows if (r.kind, r.role) == ("torchrl", role)), None)
+
+
+def op_result(r: OpRow, ref: OpRow | None, titles: dict[str, str]) -> dict[str, Any]:
+    return {
+        "payload": titles[r.payload],
+        "op": r.op,
+        "row": r.name,
+        "kind": r.kind,
+        "sampler": r.sampler,
+        "way": r.way,
+        "frames_per_call": r.frames,
+        "calls_per_s": r.cps,
+        "frames_per_s": r.fps,
+        "us_per_call": 1e6 / r.cps if r.runs else math.nan,
+        "vs_torchrl": r.fps / ref.fps if ref is not None and ref.runs else math.nan,
+        "spread": r.spread,
+        "runs_calls_per_s": r.runs,
+        "error": r.error,
+    }
+
+
+def bg_result(r: BgRow, ref: BgRow | None) -> dict[str, Any]:
+    def ratio(attr: str) -> float:
+        return r.med(attr) / ref.med(attr) if ref is not None else math.nan
+
+    return {
+        "row": r.name,
+        "kind": r.kind,
+        "role": r.role,
+        "procs": r.procs,
+        "first_write_ms": r.med("first_s") * 1e3,
+        "collect_fps": r.med("collect_fps"),
+        "collect_vs_torchrl": ratio("collect_fps"),
+        "learner_fps": r.med("learner_fps"),
+        "learner_vs_torchrl": ratio("learner_fps"),
+        "learner_batches_per_s": r.med("learner_bps"),
+        "learner_batches_vs_torchrl": ratio("learner_bps"),
+        "close_ms": r.med("close_s") * 1e3,
+        "spread": r.spread,
+        "runs": [vars(x) for x in r.runs],
+        "errors": r.errors,
+    }
+
+
+def targets(
+    checks: h.Checks,
+    payloads: list[Payload],
+    op_rows: list[OpRow],
+    bg_rows: list[BgRow],
+    trl_missing: str | None,
+    prio_missing: str | None,
+) -> None:
     need = TARGETS["sample_vs_torchrl"]
     for p in payloads:
         for sampler in ("uniform", "prioritized"):
-            ref = ref_op(p.key, "sample", sampler)
+            ref = ref_op(op_rows, p.key, "sample", sampler)
             for way in ("nowait", "async"):
                 key = (p.key, "sample", sampler, way, "aio")
-                row = next(
-                    (r for r in op_rows if (r.payload, r.op, r.sampler, r.way, r.kind) == key),
-                    None,
-                )
+                row = next((r for r in op_rows if (r.payload, r.op, r.sampler, r.way, r.kind) == key), None)
                 if row is None:
                     continue
                 desc = f"{p.title}: {row.name} >= {need:g}x TorchRL {sampler} sample"
                 if ref is None or not ref.runs:
                     why = trl_missing or (prio_missing if sampler == "prioritized" else None)
                     why = why or (ref.error if ref is not None else "not run")
-                    checks.append((desc, None, f"TorchRL row not run: {str(why)[:70]}"))
+                    checks.add(desc, None, f"TorchRL row not run: {str(why)[:70]}")
                 elif not row.runs:
-                    checks.append((desc, False, f"aiocollect row failed: {row.error}"))
+                    checks.add(desc, False, f"aiocollect row failed: {row.error}")
                 else:
                     x = row.cps / ref.cps
-                    val = f"{x:.2f}x ({row.cps:.0f} vs {ref.cps:.0f} batches/s, {ref.name})"
-                    checks.append((desc, x >= need, val))
+                    checks.add(desc, x >= need, f"{x:.2f}x ({row.cps:.0f} vs {ref.cps:.0f} batches/s, {ref.name})")
     need = TARGETS["background_vs_torchrl"]
     for r in bg_rows:
         if r.kind != "aio":
             continue
-        ref = ref_bg(r.role)
+        bg_ref = ref_bg(bg_rows, r.role)
         for attr, label in (("collect_fps", "collect only"), ("learner_fps", "+ learner")):
             desc = f"background, {label}: {r.name} >= {need:g}x TorchRL frames/s written"
-            if ref is None or not ref.runs:
-                why = "not run" if ref is None else f"failed: {ref.errors}"
-                checks.append((desc, None, f"TorchRL counterpart {why}"))
+            if bg_ref is None or not bg_ref.runs:
+                why = "not run" if bg_ref is None else f"failed: {bg_ref.errors}"
+                checks.add(desc, None, f"TorchRL counterpart {why}")
             elif not r.runs:
-                checks.append((desc, False, f"failed: {r.errors}"))
+                checks.add(desc, False, f"failed: {r.errors}")
             else:
-                x = r.med(attr) / ref.med(attr)
-                val = f"{x:.2f}x ({r.med(attr):.0f} vs {ref.med(attr):.0f} frames/s)"
+                x = r.med(attr) / bg_ref.med(attr)
+                val = f"{x:.2f}x ({r.med(attr):.0f} vs {bg_ref.med(attr):.0f} frames/s)"
                 if attr == "learner_fps":
-                    bps, ref_bps = r.med("learner_bps"), ref.med("learner_bps")
+                    bps, ref_bps = r.med("learner_bps"), bg_ref.med("learner_bps")
                     val += f"; learner {bps:.0f} vs {ref_bps:.0f} batches/s ({bps / ref_bps:.2f}x)"
-                checks.append((desc, x >= need, val))
-    if bg_rows:
-        gc.collect()
-        left, _ = leftovers(baseline_threads, 5.0)
-        leaked = sorted({r.name for r in bg_rows for x in r.runs if x.leaks})
-        clean = not left and not leaked
-        checks.append(
-            (
-                "no collector process or thread left alive after shutdown",
-                clean,
-                "none" if clean else f"alive now: {left}; rows that left some: {leaked}",
-            )
-        )
+                checks.add(desc, x >= need, val)
 
+
+def report(
+    op_table: list[dict[str, Any]],
+    bg_table: list[dict[str, Any]],
+    repeats: int,
+    bg_repeats: int,
+    bg_seconds: float,
+    notes: list[str],
+    bg_notes: list[str],
+) -> None:
     log("\n" + "=" * 122)
     log(
         f"RESULTS (1/2): extend and sample, median of {repeats} timed runs after a warmup; "
         f"x TorchRL: frames/s vs TorchRL's plain buffer with the same sampler"
     )
-    hdr = (
-        f"{'payload':<25} {'op':<6} {'row':<50} {'calls/s':>8} {'frames/s':>10} {'us/call':>7} "
-        f"{'x TorchRL':>9} {'spread':>6}"
-    )
-    log(hdr)
-    log("-" * len(hdr))
-    for t in op_table:
-        head = f"{t['payload']:<25} {t['op']:<6} {t['row']:<50}"
-        if t["error"]:
-            log(f"{head} ERROR {t['error'][:60]}")
-            continue
-        log(
-            f"{head} {t['calls_per_s']:8.0f} {t['frames_per_s']:10.0f} {t['us_per_call']:7.0f} "
-            f"{bc.fmt_ratio(t['vs_torchrl']):>9} {t['spread'] * 100:5.0f}%"
-        )
+    rows = [[t["payload"], t["op"], t["row"], f"ERROR {t['error'][:60]}"] if t["error"] else t for t in op_table]
+    for line in h.console_table(OP_COLUMNS, rows):
+        log(line)
     log(f"  calls/s: extend() or sample() calls per second (sample: batches of {BATCH}).")
     log("  frames/s: frames written or sampled per second. Extends write the flattened batch")
     log(f"  unless the row says [{ENVS},T] (as collectors produce it). spread: (max - min) /")
@@ -1044,22 +1018,8 @@ def main(argv: list[str] | None = None) -> int:
             f"\nRESULTS (2/2): background collection into a buffer, CartPole-v1 x{ENVS}; median "
             f"of {bg_repeats} run(s), {bg_seconds:g} s windows"
         )
-        hdr = (
-            f"{'row':<45} {'procs':>5} {'1st write':>9} {'collect':>8} {'x TorchRL':>9} "
-            f"{'+learner':>8} {'x TorchRL':>9} {'batch/s':>7} {'x TorchRL':>9} {'close':>6} "
-            f"{'spread':>6}"
-        )
-        log(hdr)
-        log("-" * len(hdr))
-        for t in bg_table:
-            log(
-                f"{t['row']:<45} {t['procs']:>5} {t['first_write_ms']:7.0f}ms "
-                f"{t['collect_fps']:8.0f} {bc.fmt_ratio(t['collect_vs_torchrl']):>9} "
-                f"{t['learner_fps']:8.0f} {bc.fmt_ratio(t['learner_vs_torchrl']):>9} "
-                f"{t['learner_batches_per_s']:7.0f} "
-                f"{bc.fmt_ratio(t['learner_batches_vs_torchrl']):>9} "
-                f"{t['close_ms']:4.0f}ms {t['spread'] * 100:5.0f}%"
-            )
+        for line in h.console_table(BG_COLUMNS, bg_table):
+            log(line)
         log("  procs: env worker processes (0 = in this process). 1st write: construction to the")
         log("  first frames in the buffer. collect: frames written per second, nobody sampling.")
         log("  +learner: the same while the main thread (async row: a task) samples batches of")
@@ -1068,86 +1028,28 @@ def main(argv: list[str] | None = None) -> int:
         for n in bg_notes:
             log(f"  NOTE: {n}")
 
-    log("\nTargets:")
-    any_fail = False
-    for desc, ok, val in checks:
-        any_fail |= ok is False
-        log(f"  [{'SKIP' if ok is None else 'PASS' if ok else 'FAIL'}] {desc}: {val}")
 
-    md = [
-        "| payload | op | buffer, call | calls/s | frames/s | vs TorchRL |",
-        "| --- | --- | --- | ---: | ---: | ---: |",
-    ]
-    md += [
-        f"| {t['payload']} | {t['op']} | {t['row']} | {t['calls_per_s']:,.0f} "
-        f"| {t['frames_per_s']:,.0f} | {_cell(t['vs_torchrl'])} |"
-        for t in op_table
-        if not t["error"]
-    ]
+def markdown(
+    op_table: list[dict[str, Any]],
+    bg_table: list[dict[str, Any]],
+    run: h.Session,
+    repeats: int,
+    target_s: float,
+    bg_repeats: int,
+    bg_seconds: float,
+) -> None:
+    md = h.markdown_table(OP_MARKDOWN, [t for t in op_table if not t["error"]])
     if bg_table:
-        md += [
-            "",
-            "| background collection, CartPole-v1 x8 | env procs | first write (ms) "
-            "| collect only (frames/s) | vs TorchRL | + learner (frames/s) | vs TorchRL "
-            "| learner (batches/s) | vs TorchRL |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-        ]
-        md += [
-            f"| {t['row']} | {t['procs']} | {t['first_write_ms']:,.0f} | {t['collect_fps']:,.0f} "
-            f"| {_cell(t['collect_vs_torchrl'])} | {t['learner_fps']:,.0f} "
-            f"| {_cell(t['learner_vs_torchrl'])} | {t['learner_batches_per_s']:,.0f} "
-            f"| {_cell(t['learner_batches_vs_torchrl'])} |"
-            for t in bg_table
-        ]
+        md += ["", *h.markdown_table(BG_MARKDOWN, bg_table)]
+    versions = run.versions_line("python", "torch", "tensordict", "gymnasium", "torchrl", "aiocollect")
     md += [
         "",
-        (
-            f"_Python {versions['python']}, torch {versions['torch']}, tensordict "
-            f"{versions['tensordict']}, gymnasium {versions['gymnasium']}, torchrl "
-            f"{versions['torchrl']}, aiocollect {versions['aiocollect']}; {os.cpu_count()} CPUs, "
-            f"torch.set_num_threads(1); sample batch {BATCH}; buffer rows: median of {repeats} "
-            f"runs of ~{target_s:g} s; background rows: median of {bg_repeats} run(s) with "
-            f"{bg_seconds:g} s windows._"
-        ),
+        f"_{versions}; {os.cpu_count()} CPUs, torch.set_num_threads(1); sample batch {BATCH}; buffer rows: median "
+        f"of {repeats} runs of ~{target_s:g} s; background rows: median of {bg_repeats} run(s) with "
+        f"{bg_seconds:g} s windows._",
     ]
     log("\nMarkdown:\n")
     log("\n".join(md))
-
-    elapsed, load_end = time.perf_counter() - t_start, bc._loadavg()
-    log(
-        f"\ntotal time {elapsed:.1f} s; load average (1 min) {load_start:.2f} at start, "
-        f"{load_end:.2f} at end (this benchmark adds about 1-2)"
-    )
-    if args.json:
-        settings = {
-            "quick": quick,
-            "repeats": repeats,
-            "target_seconds": target_s,
-            "bg_repeats": bg_repeats,
-            "bg_seconds": bg_seconds,
-            "batch": BATCH,
-            "alpha": ALPHA,
-            "beta": BETA,
-            "num_workers": NUM_WORKERS,
-            "payloads": {
-                p.key: {"shape": list(p.td.shape), "frame_bytes": p.frame_bytes,
-                        "capacity": p.capacity}
-                for p in payloads
-            },
-        }  # fmt: skip
-        result = {
-            "versions": versions,
-            "settings": settings,
-            "load_avg": [load_start, load_end],
-            "buffer_rows": op_table,
-            "background_rows": bg_table,
-            "notes": notes + bg_notes,
-            "checks": [{"check": d, "ok": ok, "value": v} for d, ok, v in checks],
-            "elapsed_s": elapsed,
-        }
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2, default=str)
-    return 1 if args.strict and any_fail else 0
 
 
 if __name__ == "__main__":  # the guard matters: spawned workers re-import this module

@@ -10,7 +10,7 @@ Compares, in ONE run and on the workloads of ``bench_distributed.py`` (CartPole-
 * TorchRL's ``RPCCollector`` (``launcher="mp"``) and ``RayCollector``, the same modes;
 * the single-process bare loop (throughput reference, ratio 1.00).
 
-Every configuration runs in a fresh Python process (``bench_distributed.run_process``). For
+Every configuration runs in a fresh Python process (``_harness.run_child``). For
 the Ray rows that process starts a local Ray first (``num_cpus=2``, on 127.0.0.1; both
 libraries join it and leave it running), so "first batch" is measured after the engine is up
 and ``ray.init`` is its own column, as is ``ray.shutdown`` after the collector closed. Actors
@@ -21,22 +21,20 @@ Usage::
 
     python benchmarks/bench_ray_rpc.py            # full run (3 fresh processes per row)
     python benchmarks/bench_ray_rpc.py --quick    # smoke run (1 process per row, fewer frames)
+
+See benchmarks/README.md for what each row means.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
-import platform
-import socket
 import sys
 import time
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path.insert(0, HERE)  # the sibling modules, from any cwd
 # Loopback only, and before anything imports ray: Ray otherwise uses the default route's address.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -44,7 +42,9 @@ os.environ.setdefault("TP_SOCKET_IFNAME", "lo")
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 
-import bench_distributed as bd  # noqa: E402 - after the environment above
+import _harness as h  # noqa: E402 - after the environment above
+import bench_distributed as bd  # noqa: E402
+from _harness import Col, log  # noqa: E402
 
 NODE = {"num_cpus": 1}
 # (key, library, engine, sync, label)
@@ -59,13 +59,6 @@ CONFIGS: list[tuple[str, str, str | None, bool, str]] = [
     ("trl-ray-sync", "torchrl", "ray", True, "TorchRL RayCollector(sync=True)"),
     ("trl-ray-async", "torchrl", "ray", False, "TorchRL RayCollector(sync=False)"),
 ]
-RESULT_TAG = bd.RESULT_TAG
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _make(cfg: dict[str, Any], policy: Any) -> tuple[Any, Any]:
@@ -102,8 +95,10 @@ def _make(cfg: dict[str, Any], policy: Any) -> tuple[Any, Any]:
 _RAY_OWN = {"ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent"}
 
 
-def _ray_nodes(psutil: Any) -> list[Any]:
+def _ray_nodes() -> list[Any]:
     """Ray actor processes (``ray::<Class>``), not Ray's own processes or idle workers."""
+    import psutil
+
     out = []
     for p in psutil.Process().children(recursive=True):
         try:
@@ -115,65 +110,58 @@ def _ray_nodes(psutil: Any) -> list[Any]:
     return out
 
 
-def _child_entry(cfg_json: str, t_start: float) -> None:
-    """``python -c`` entry point of one configuration (see `run_child`)."""
-    cfg = json.loads(cfg_json)
-    extra: dict[str, Any] = {}
-    ray = None
+def child_main(cfg: dict[str, Any], t_start: float) -> dict[str, Any]:
+    """One configuration in this process; a Ray row starts a local Ray first and stops it last."""
+    if cfg["engine"] != "ray":
+        return bd.child_main(cfg, t_start, make=_make)
+    import ray
+
+    t = time.perf_counter()
+    path = os.pathsep.join([HERE, os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")])
+    ray.init(num_cpus=2, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": path}})  # fmt: skip
+    extra = {"engine_s": time.perf_counter() - t}
     try:
-        if cfg["engine"] == "ray":
-            import ray
-
-            t = time.perf_counter()
-            path = os.pathsep.join([HERE, os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")])
-            ray.init(num_cpus=2, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False,
-                     runtime_env={"env_vars": {"PYTHONPATH": path}})  # fmt: skip
-            extra["engine_s"] = time.perf_counter() - t
-        res = bd.child_main(cfg, t_start, make=_make, find_nodes=_ray_nodes if ray else None)
-    except BaseException as exc:  # reported to the parent as data
-        import traceback
-
-        res = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
-    if ray is not None and ray.is_initialized():
+        res = bd.child_main(cfg, t_start, make=_make, find_nodes=_ray_nodes)
+    finally:
         t = time.perf_counter()
         ray.shutdown()
         extra["engine_close_s"] = time.perf_counter() - t
-    res.update(extra)
-    print(RESULT_TAG + json.dumps(res), flush=True)
+    return {**res, **extra}
 
 
-def run_child(cfg: dict[str, Any], timeout: float) -> dict[str, Any]:
-    code = (
-        "import time; _t = time.perf_counter(); import sys; "
-        f"sys.path.insert(0, {HERE!r}); import bench_ray_rpc; bench_ray_rpc._child_entry(sys.argv[1], _t)"
-    )
-    return bd.run_process([sys.executable, "-c", code, json.dumps(cfg)], timeout, 20.0)
+def _child_entry(cfg_json: str, t_start: float) -> None:
+    """``python -c`` entry point of one configuration (see `_harness.run_child`)."""
+    h.child_entry(child_main, cfg_json, t_start)
 
 
 def _ms(x: float) -> str:
-    return bd.fmt_n(x * 1e3, sep=True) if math.isfinite(x) else "n/a"
+    return h.fmt_n(x * 1e3, sep=True) if math.isfinite(x) else "n/a"
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="smoke run: 1 process per row, fewer frames")
-    ap.add_argument("--repeats", type=int, default=None, help="fresh processes per row (default 3, 1 with --quick)")
+    ap = h.parser(
+        __doc__,
+        quick="smoke run: 1 process per row, fewer frames",
+        repeats="fresh processes per row (default 3, 1 with --quick)",
+        strict=False,
+    )
     ap.add_argument("--workload", action="append", choices=list(bd.WORKLOADS), help="only this workload")
     ap.add_argument("--config", action="append", choices=[c[0] for c in CONFIGS], help="only this row")
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds per configuration before it is killed")
-    ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = ap.parse_args(argv)
     repeats, warm = args.repeats or (1 if args.quick else 3), 2 if args.quick else 3
     workloads = args.workload or list(bd.WORKLOADS)
     keys = args.config or [c[0] for c in CONFIGS]
     rows = {c[0]: c for c in CONFIGS}
-    print(f"bench_ray_rpc: {repeats} fresh process(es) per row, {bd.NUM_NODES} nodes; "
-          f"{platform.platform()}, {os.cpu_count()} CPUs, load {bd._loadavg():.2f}", flush=True)  # fmt: skip
+    run = h.Session("torch", "gymnasium", "ray", "torchrl", "aiocollect")
+    run.header(f"bench_ray_rpc: {repeats} fresh process(es) per row, {bd.NUM_NODES} nodes", sys.executable)
     floor: list[float] = []
     results: dict[tuple[str, str], list[dict[str, Any]]] = {(w, k): [] for w in workloads for k in keys}
+    used_ports: set[int] = set()
     for rep in range(repeats):
-        floor.append(bd.time_command(bd.REFERENCE_CMD, args.timeout))
-        print(f"round {rep + 1}: import floor {floor[-1]:.2f} s", flush=True)
+        floor.append(h.time_command(bd.REFERENCE_CMD, args.timeout))
+        log(f"round {rep + 1}: import floor {floor[-1]:.2f} s")
         for w in workloads:
             spec = bd.WORKLOADS[w]
             for key in keys:
@@ -184,58 +172,56 @@ def main(argv: list[str] | None = None) -> int:
                     "workload": w, "key": key, "lib": lib, "engine": engine, "sync": sync, "fpb": fpb,
                     "role": None, "warm_batches": warm, "batches": batches, "total_frames": (warm + batches) * fpb,
                     "heavy_work": bd.HEAVY_WORK, "gone_timeout": 30.0,
-                    "tcp_port": _free_port() if lib == "torchrl" and engine == "rpc" else None,
+                    "tcp_port": h.free_port_block(used_ports) if lib == "torchrl" and engine == "rpc" else None,
                 }  # fmt: skip
-                r = run_child(cfg, args.timeout)
+                r = h.run_child("bench_ray_rpc", cfg, args.timeout, exit_grace=20.0)
                 results[(w, key)].append(r)
                 fps, first = r.get("fps", math.nan), r.get("first_s", math.nan)
                 what = r.get("error") or f"{fps:,.0f} frames/s, first {first:.2f} s"
-                print(f"  {w:<8} {label:<38} {what}", flush=True)
-    ref = bd._median(floor)
-    table = [
-        "| workload | collector | fpb | frames/s | vs bare loop | vs TorchRL | first batch (s) | / import floor "
-        "| ray.init (s) | close (ms) | nodes gone (ms) | ray.shutdown (ms) | trainer CPU "
-        "| trainer CPU per batch (ms) |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
+                log(f"  {w:<8} {label:<38} {what}")
+    ref = h.median(floor)
+    cols = [Col("workload", left=True), Col("collector", left=True)]
+    cols += [Col(c) for c in ("fpb", "frames/s", "vs bare loop", "vs TorchRL", "first batch (s)", "/ import floor")]
+    cols += [Col(c) for c in ("ray.init (s)", "close (ms)", "nodes gone (ms)", "ray.shutdown (ms)", "trainer CPU")]
+    cols.append(Col("trainer CPU per batch (ms)"))
+    table: list[list[str]] = []
     summary: dict[str, Any] = {"import_floor_s": ref, "rows": {}}
     for w in workloads:
         sums = {k: bd.summarize(results[(w, k)]) for k in keys}
         bare = sums.get("bare", {}).get("fps", math.nan)
+        title = bd.WORKLOADS[w]["title"]
         for key in keys:
             s, (_, lib, engine, sync, label) = sums[key], rows[key]
             runs = [r for r in results[(w, key)] if "error" not in r]
-            s["engine_s"] = bd._median([r.get("engine_s") for r in runs])
-            s["engine_close_s"] = bd._median([r.get("engine_close_s") for r in runs])
+            s["engine_s"] = h.median(r.get("engine_s") for r in runs)
+            s["engine_close_s"] = h.median(r.get("engine_close_s") for r in runs)
             twin = f"trl-{engine}-{'sync' if sync else 'async'}"
             vs_trl = s["fps"] / sums[twin]["fps"] if lib == "aiocollect" and twin in sums else math.nan
             summary["rows"][f"{w}/{key}"] = {**s, "vs_torchrl": vs_trl}
-            fpb = bd.frames_per_batch("sync" if sync else None, bd.WORKLOADS[w]["node_fpb"])
+            fpb_cell = str(bd.frames_per_batch("sync" if sync else None, bd.WORKLOADS[w]["node_fpb"]))
             if s["ok"] == 0:
-                table.append(f"| {bd.WORKLOADS[w]['title']} | {label} | {fpb} | failed: {s['errors'][:1]} |")
+                table.append([title, label, fpb_cell, f"failed: {s['errors'][:1]}"])
                 continue
-            table.append(
-                f"| {bd.WORKLOADS[w]['title']} | {label} | {fpb} | {bd.fmt_n(s['fps'], sep=True)} "
-                f"| {bd.fmt_x(s['fps'] / bare)} | {bd.fmt_x(vs_trl) if lib == 'aiocollect' else '-'} "
-                f"| {s['first_s']:.2f} | {bd.fmt_x(s['first_s'] / ref)} "
-                f"| {bd.fmt_n(s['engine_s'], 2).replace('n/a', '-')} | {_ms(s['close_s'])} | {_ms(s['gone_s'])} "
-                f"| {_ms(s['engine_close_s']).replace('n/a', '-')} "
-                f"| {bd.fmt_pct(s['trainer_cpu'])} | {s['trainer_ms_per_batch']:.1f} |"
-                if lib != "bare" else
-                f"| {bd.WORKLOADS[w]['title']} | {label} | {fpb} | {bd.fmt_n(s['fps'], sep=True)} | 1.00x | - "
-                f"| {s['first_s']:.2f} | - | - | - | - | - | {bd.fmt_pct(s['trainer_cpu'])} "
-                f"| {s['trainer_ms_per_batch']:.1f} |"
-            )  # fmt: skip
+            cpu = [h.fmt_pct(s["trainer_cpu"]), f"{s['trainer_ms_per_batch']:.1f}"]
+            if lib == "bare":
+                table.append([title, label, fpb_cell, h.fmt_n(s["fps"], sep=True), "1.00x", "-", f"{s['first_s']:.2f}",
+                              "-", "-", "-", "-", "-", *cpu])  # fmt: skip
+            else:
+                table.append([
+                    title, label, fpb_cell, h.fmt_n(s["fps"], sep=True), h.fmt_x(s["fps"] / bare),
+                    h.fmt_x(vs_trl) if lib == "aiocollect" else "-", f"{s['first_s']:.2f}", h.fmt_x(s["first_s"] / ref),
+                    h.fmt_n(s["engine_s"], 2).replace("n/a", "-"), _ms(s["close_s"]), _ms(s["gone_s"]),
+                    _ms(s["engine_close_s"]).replace("n/a", "-"), *cpu,
+                ])  # fmt: skip
             nodes_left = [r["left_alive"] for r in results[(w, key)] if r.get("left_alive")]
             if nodes_left:
-                print(f"  LEAK: {w} {label}: node processes outlived the collector {nodes_left}", flush=True)
+                log(f"  LEAK: {w} {label}: node processes outlived the collector {nodes_left}")
             elif s["leaks"]:  # after the child exited: on the Ray rows, Ray's own agents
-                print(f"  note: {w} {label}: processes outlived the run by 5 s (killed): {s['leaks']}", flush=True)
-    print(f'\nimport floor `python -c "{bd.REFERENCE_CMD}"`: {ref:.2f} s (median)\n')
-    print("\n".join(table))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"summary": summary, "runs": {f"{w}/{k}": v for (w, k), v in results.items()}}, f, indent=1)
+                log(f"  note: {w} {label}: processes outlived the run by 5 s (killed): {s['leaks']}")
+    log(f'\nimport floor `python -c "{bd.REFERENCE_CMD}"`: {ref:.2f} s (median)\n')
+    log("\n".join(h.markdown_table(cols, table)))
+    run.footer()
+    run.write_json(args.json, summary=summary, runs={f"{w}/{k}": v for (w, k), v in results.items()})
     return 0
 
 

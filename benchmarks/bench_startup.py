@@ -30,8 +30,9 @@ Usage::
 See benchmarks/README.md for what each row means.
 
 Everything a worker process needs (the policy class, the env factories) is defined at module
-level here, and this module imports only the standard library, torch and gymnasium: workers
-re-import it to unpickle those, and it must not add imports of its own to what is measured.
+level here or in ``_workloads``, and these modules import only the standard library, numpy, torch
+and gymnasium: workers re-import them to unpickle those, and they must not add imports of their
+own to what is measured.
 """
 
 from __future__ import annotations
@@ -45,20 +46,19 @@ import functools  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
-import platform  # noqa: E402
 import shutil  # noqa: E402
-import signal  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 from typing import Any  # noqa: E402
 
 import gymnasium as gym  # noqa: E402
 import torch  # noqa: E402
-from torch import nn  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling modules, from any cwd
+import _harness as h  # noqa: E402
+import _workloads as wl  # noqa: E402
+from _harness import Col, log  # noqa: E402
+
 ENV_ID = "CartPole-v1"
 NUM_WORKERS = 2
 FPB = 64  # frames per batch, all workers together: 32 CartPole steps per worker
@@ -69,24 +69,13 @@ TARGETS = {
 }
 REFERENCE_CMD = "import torch, gymnasium"
 NO_TEARDOWN_CMD = REFERENCE_CMD + "; import os; os._exit(0)"  # without interpreter teardown
-RESULT_TAG = "BENCH_STARTUP_RESULT "  # prefixes the child's JSON line on stdout
 CRASH_AFTER_BATCHES = 10  # the crashing worker dies at the first step of its 11th batch
 BATCHES_AFTER_CRASH = 5  # normal batches collected after the restart
 
 # --------------------------------------------------------------------------------------------
-# What worker processes import: the policy and the env factories (module level: picklable).
+# What worker processes import: the env factories (module level: picklable). The policy is
+# _workloads.DiscretePolicy.
 # --------------------------------------------------------------------------------------------
-
-
-class ArgmaxMLP(nn.Module):
-    """The benchmarks' 64-64 MLP (``Linear-Tanh-Linear-Tanh-Linear``), obs -> int64 action."""
-
-    def __init__(self, n_obs: int = 4, n_act: int = 2) -> None:
-        super().__init__()
-        self.mlp = nn.Sequential(nn.Linear(n_obs, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, n_act))
-
-    def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        return self.mlp(observation).argmax(-1)
 
 
 def proc_started(pid: int | str = "self") -> float | None:
@@ -183,11 +172,6 @@ def _read_json(path: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 
 
-def _median(values: list[float]) -> float:
-    v = [x for x in values if x is not None and math.isfinite(x)]
-    return statistics.median(v) if v else math.nan
-
-
 def child_main(cfg: dict[str, Any], t_start: float) -> dict[str, Any]:
     """Runs in a fresh process: the first collector, ``later`` more, ``restarts`` restart
     trials and, with ``probe``, a first and a second collector with timestamped envs."""
@@ -195,8 +179,7 @@ def child_main(cfg: dict[str, Any], t_start: float) -> dict[str, Any]:
     from aiocollect.blocking import MultiSyncCollector
 
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    policy = ArgmaxMLP(4, 2)
+    policy = wl.seeded(wl.DiscretePolicy, 4, 2)
     method = cfg["start_method"]
     out: dict[str, Any] = {
         "pid": os.getpid(),
@@ -296,7 +279,7 @@ def _restart_trial(make: Any, d: str, crash_step: int, out: dict[str, Any]) -> N
     # The batch in flight when the worker died: the first one to end after the crash.
     span = next(i for i, (_, end, _) in enumerate(batches) if end > t_crash)
     normal = [e - s for i, (s, e, _) in enumerate(batches) if i not in (0, span)]
-    out["normal_batch_s"] = _median(normal)
+    out["normal_batch_s"] = h.median(normal)
     out["span_index"] = span
     out["restarts_before_span"] = batches[span - 1][2] if span else 0
     out["restarts_after_span"] = batches[span][2]
@@ -317,105 +300,8 @@ def _restart_trial(make: Any, d: str, crash_step: int, out: dict[str, Any]) -> N
 
 
 def _child_entry(cfg_json: str, t_start: float) -> None:
-    """``python -c`` entry point of a child (see `run_child`)."""
-    try:
-        res = child_main(json.loads(cfg_json), t_start)
-    except BaseException as exc:  # reported to the parent as data
-        import traceback
-
-        res = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
-    print(RESULT_TAG + json.dumps(res), flush=True)
-
-
-# --------------------------------------------------------------------------------------------
-# The parent: fresh processes, each in its own process group, killed on timeout.
-# --------------------------------------------------------------------------------------------
-
-
-def _group_alive(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of process group ``pgid``."""
-    if not os.path.isdir("/proc"):
-        try:
-            os.killpg(pgid, 0)
-            return [pgid]
-        except (ProcessLookupError, PermissionError):
-            return []
-    alive = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                data = f.read()
-        except OSError:
-            continue
-        fields = data[data.rindex(b")") + 2 :].split()
-        if int(fields[2]) == pgid and fields[0] != b"Z":  # fields: state, ppid, pgrp, ...
-            alive.append(int(name))
-    return alive
-
-
-def run_process(argv: list[str], timeout: float) -> tuple[float, int | None, str, str, list[int]]:
-    """Run ``argv`` in a new session (its own process group); return (wall seconds from start
-    to exit, exit code or None on timeout, stdout, stderr, pids of its group still alive 5 s
-    after it exited, which are then killed)."""
-    t0 = time.perf_counter()
-    p = subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = p.communicate(timeout=timeout)
-        wall, code = time.perf_counter() - t0, p.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, err = p.communicate()
-        wall, code = time.perf_counter() - t0, None
-    except BaseException:  # Ctrl-C: the child is in its own session and did not get it
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait()
-        raise
-    # Whatever the child left in its group (workers, a fork server) must be gone shortly.
-    deadline = time.perf_counter() + 5.0
-    left = _group_alive(p.pid)
-    while left and time.perf_counter() < deadline:
-        time.sleep(0.05)
-        left = _group_alive(p.pid)
-    if left:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return wall, code, out, err, left
-
-
-def time_command(code: str, timeout: float) -> float:
-    wall, rc, _, err, _ = run_process([sys.executable, "-c", code], timeout)
-    if rc != 0:
-        raise RuntimeError(f"python -c {code!r} failed ({rc}): {err.strip()[-2000:]}")
-    return wall
-
-
-def run_child(cfg: dict[str, Any], timeout: float) -> dict[str, Any]:
-    code = (
-        "import time; _t = time.perf_counter(); import sys; "
-        f"sys.path.insert(0, {HERE!r}); import bench_startup; "
-        "bench_startup._child_entry(sys.argv[1], _t)"
-    )
-    wall, rc, out, err, left = run_process([sys.executable, "-c", code, json.dumps(cfg)], timeout)
-    res: dict[str, Any] | None = None
-    for line in out.splitlines():
-        if line.startswith(RESULT_TAG):
-            res = json.loads(line[len(RESULT_TAG) :])
-    if res is None:
-        why = "timed out" if rc is None else f"exited with {rc}"
-        res = {"error": f"child {why} after {wall:.1f} s without a result", "stderr": err[-3000:]}
-    res["wall_s"] = wall
-    res["left_alive"] = left
-    return res
+    """``python -c`` entry point of a child (see `_harness.run_child`)."""
+    h.child_entry(child_main, cfg_json, t_start)
 
 
 # --------------------------------------------------------------------------------------------
@@ -465,18 +351,18 @@ def summarize(method: str, children: list[dict[str, Any]], ref: float) -> dict[s
         "start_method": method,
         "children": len(children),
         "errors": [c["error"] for c in children if "error" in c],
-        "left_alive": [c["left_alive"] for c in children if c.get("left_alive")],
-        "child_import_s": _median([c["import_s"] for c in ok]),
-        "first_s": _median(firsts),
+        "left_alive": [c["group_left_alive"] for c in children if c.get("group_left_alive")],
+        "child_import_s": h.median([c["import_s"] for c in ok]),
+        "first_s": h.median(firsts),
         "first_runs_s": firsts,
-        "first_ratio": _median(firsts) / ref if ref else math.nan,
-        "later_median_s": _median(later),
+        "first_ratio": h.median(firsts) / ref if ref else math.nan,
+        "later_median_s": h.median(later),
         "later_max_s": max(later) if later else math.nan,
         "later_runs_s": later,
-        "restart_s": _median([t["restart_s"] for t in good]),
+        "restart_s": h.median([t["restart_s"] for t in good]),
         "restart_max_s": max((t["restart_s"] for t in good), default=math.nan),
-        "restart_span_minus_normal_s": _median([t["span_minus_normal_s"] for t in good]),
-        "normal_batch_s": _median([t["normal_batch_s"] for t in good]),
+        "restart_span_minus_normal_s": h.median([t["span_minus_normal_s"] for t in good]),
+        "normal_batch_s": h.median([t["normal_batch_s"] for t in good]),
         "restarts_seen": [t.get("restarts") for t in trials],
         "restart_errors": [t["error"] for t in trials if "error" in t],
         "restart_trials": trials,
@@ -484,22 +370,10 @@ def summarize(method: str, children: list[dict[str, Any]], ref: float) -> dict[s
     news = [t["new_worker"] for t in good if "new_worker" in t]
     if news:
         s["restart_phases"] = {
-            k: _median([n[k] for n in news]) for k in ("proc_started", "module_imported", "env_built", "first_step")
+            k: h.median([n[k] for n in news]) for k in ("proc_started", "module_imported", "env_built", "first_step")
         }
-        s["restart_phases"]["next_batch"] = _median([t["crash_to_batch_s"] for t in good])
+        s["restart_phases"]["next_batch"] = h.median([t["crash_to_batch_s"] for t in good])
     return s
-
-
-def fmt_s(x: float) -> str:
-    return "n/a" if not math.isfinite(x) else f"{x:.3f}" if x < 1 else f"{x:.2f}"
-
-
-def fmt_ms(x: float) -> str:
-    return "n/a" if not math.isfinite(x) else f"{x * 1e3:.1f}"
-
-
-def fmt_x(x: float) -> str:
-    return "n/a" if not math.isfinite(x) else f"{x:.2f}x"
 
 
 # --------------------------------------------------------------------------------------------
@@ -507,23 +381,17 @@ def fmt_x(x: float) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        description=(__doc__ or "").split("\n\n")[0],
-        epilog="See benchmarks/README.md for what each row means.",
+def parse_args(argv: list[str] | None) -> Any:
+    ap = h.parser(
+        __doc__,
+        quick="short CI smoke run (about 1 min)",
+        repeats="fresh processes per start method (default 5; 2 with --quick); the reference is "
+        "sampled as often, at least 3 times",
     )
-    ap.add_argument("--quick", action="store_true", help="short CI smoke run (about 1 min)")
     ap.add_argument(
         "--start-methods",
         default="forkserver,spawn",
         help="comma-separated start methods to compare (default: forkserver,spawn)",
-    )
-    ap.add_argument(
-        "--repeats",
-        type=int,
-        default=None,
-        help="fresh processes per start method (default 5; 2 with --quick); the reference is "
-        "sampled as often, at least 3 times",
     )
     ap.add_argument(
         "--later",
@@ -550,9 +418,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=300.0,
         help="seconds a child process may run before it and its workers are killed (default 300)",
     )
-    ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
-    ap.add_argument("--strict", action="store_true", help="exit with status 1 if a target FAILs")
     return ap.parse_args(argv)
+
+
+def log_child(m: str, c: dict[str, Any]) -> None:
+    """One fresh process's results, or its error with the end of its traceback."""
+    if "error" in c:
+        log(f"    {m:<10} ERROR {c['error']}")
+        for t in (c.get("traceback") or c.get("stderr") or "").strip().splitlines()[-15:]:
+            log(f"      {t}")
+        return
+    msg = f"    {m:<10} imports {c['import_s']:.2f} s, first collector {c['first']['first_s']:.2f} s"
+    if c["later"]:
+        msg += ", later " + " ".join(f"{r['first_s']:.3f}" for r in c["later"])
+    for t in c["restart"]:
+        if "restart_s" in t:
+            msg += (
+                f", restart {t['restart_s']:.3f} s (crash->batch {t['crash_to_batch_s']:.3f}, "
+                f"batch {t['normal_batch_s'] * 1e3:.1f} ms, restarts={t['restarts']})"
+            )
+        else:
+            msg += f", restart trial: {t.get('error')}"
+    if c["group_left_alive"]:
+        msg += f"; WARNING: killed leftover processes {c['group_left_alive']}"
+    log(msg)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -564,36 +453,19 @@ def main(argv: list[str] | None = None) -> int:
     restarts = args.restarts if args.restarts is not None else (1 if quick else 3)
     probe = args.probe if args.probe is not None else not quick
     methods = [m.strip() for m in args.start_methods.split(",") if m.strip()]
-    t_start = time.perf_counter()
-    load_start = _loadavg()
-
-    def log(msg: str = "") -> None:
-        print(msg, flush=True)
 
     import aiocollect  # lazy: this does not import tensordict
 
-    versions = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "tensordict": _dist_version("tensordict"),
-        "gymnasium": gym.__version__,
-        "aiocollect": aiocollect.__version__,
-    }
-    log(
+    run = h.Session("torch", "tensordict", "gymnasium", aiocollect=aiocollect.__version__)
+    run.header(
         f"bench_startup: {'QUICK' if quick else 'full'} run; start methods {', '.join(methods)}; "
         f"{n} fresh processes each; {later} later collectors per process"
-        f"{' (first process only)' if quick else ''}; {restarts} restart trial(s)"
+        f"{' (first process only)' if quick else ''}; {restarts} restart trial(s)",
+        sys.executable,
+        f"aiocollect from {os.path.dirname(aiocollect.__file__)}",
+        f"collector: aiocollect.blocking.MultiSyncCollector({ENV_ID!r}, 64-64 MLP, "
+        f"num_workers={NUM_WORKERS}, frames_per_batch={FPB}, total_frames=-1, start_method=M)",
     )
-    log(f"  {platform.platform()}, {os.cpu_count()} CPUs, {sys.executable}")
-    log("  " + ", ".join(f"{k} {v}" for k, v in versions.items()))
-    log(f"  aiocollect from {os.path.dirname(aiocollect.__file__)}")
-    log(
-        f"  collector: aiocollect.blocking.MultiSyncCollector({ENV_ID!r}, 64-64 MLP, "
-        f"num_workers={NUM_WORKERS}, frames_per_batch={FPB}, total_frames=-1, start_method=M)"
-    )
-    log(f"  load average (1 min) at start: {load_start:.2f}")
-    if load_start > 0.5:
-        log("  WARNING: the machine is not idle; other processes share the CPUs and add noise.")
 
     # Fresh-process wall times printed for information, next to the reference.
     info_cmds = ["pass", "import aiocollect", "import tensordict", NO_TEARDOWN_CMD]
@@ -604,10 +476,10 @@ def main(argv: list[str] | None = None) -> int:
     # machine's speed affects them all alike.
     log("\n[1/2] fresh processes, round robin (reference, imports, one child per start method)")
     for i in range(rounds):
-        ref_runs.append(time_command(REFERENCE_CMD, args.timeout))
+        ref_runs.append(h.time_command(REFERENCE_CMD, args.timeout))
         for code in info_cmds:
             if not (quick and i > 0):  # informational: one sample is enough for a smoke run
-                info_runs[code].append(time_command(code, args.timeout))
+                info_runs[code].append(h.time_command(code, args.timeout))
         log(f"  round {i + 1}/{rounds}: `{REFERENCE_CMD}` {ref_runs[-1]:.2f} s")
         for m in methods if i < n else ():
             cfg = {
@@ -618,34 +490,15 @@ def main(argv: list[str] | None = None) -> int:
                 "restarts": 1 if i < restarts else 0,
                 "probe": False,
             }
-            c = run_child(cfg, args.timeout)
+            c = h.run_child("bench_startup", cfg, args.timeout)
             children[m].append(c)
-            if "error" in c:
-                log(f"    {m:<10} ERROR {c['error']}")
-                for t in (c.get("traceback") or c.get("stderr") or "").strip().splitlines()[-15:]:
-                    log(f"      {t}")
-                continue
-            msg = f"    {m:<10} imports {c['import_s']:.2f} s, first collector {c['first']['first_s']:.2f} s"
-            if c["later"]:
-                msg += ", later " + " ".join(f"{r['first_s']:.3f}" for r in c["later"])
-            for t in c["restart"]:
-                if "restart_s" in t:
-                    msg += (
-                        f", restart {t['restart_s']:.3f} s (crash->batch "
-                        f"{t['crash_to_batch_s']:.3f}, batch {t['normal_batch_s'] * 1e3:.1f} ms, "
-                        f"restarts={t['restarts']})"
-                    )
-                else:
-                    msg += f", restart trial: {t.get('error')}"
-            if c["left_alive"]:
-                msg += f"; WARNING: killed leftover processes {c['left_alive']}"
-            log(msg)
+            log_child(m, c)
     probes: dict[str, dict[str, Any]] = {}
     if probe:
         log("\n[2/2] probe: one more fresh process per start method, timestamped envs")
         for m in methods:
             cfg = {"start_method": m, "num_workers": NUM_WORKERS, "fpb": FPB, "probe": True}
-            c = run_child(cfg, args.timeout)
+            c = h.run_child("bench_startup", cfg, args.timeout)
             if "error" in c:
                 log(f"    {m:<10} ERROR {c['error']}")
                 probes[m] = {"error": c["error"]}
@@ -660,9 +513,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         log("\n[2/2] probe skipped")
 
-    # ------------------------------------------------------------------------------ results
-    ref = _median(ref_runs)
-    info = {k: _median(v) for k, v in info_runs.items()}
+    ref = h.median(ref_runs)
+    info = {k: h.median(v) for k, v in info_runs.items()}
     info[REFERENCE_CMD] = ref
     summ = {m: summarize(m, children[m], ref) for m in methods}
     for m in methods:
@@ -674,249 +526,174 @@ def main(argv: list[str] | None = None) -> int:
         summ[m]["workers_stamped"] = len(mods)
         summ[m]["workers_tensordict"] = sum(1 for w in mods if w["tensordict"])
 
-    checks: list[tuple[str, bool | None, str]] = []
-    for m in methods:
-        s = summ[m]
-        errors = s["errors"] + ([probes[m]["error"]] if "error" in probes.get(m, {}) else [])
-        if errors:
-            checks.append((f"{m}: every fresh process ran to the end", False, "; ".join(errors)))
-        lim = TARGETS["first_ratio"]
-        checks.append(
-            (
-                f"{m}: first collector of a fresh process <= {lim:g}x `{REFERENCE_CMD}`",
-                s["first_ratio"] <= lim if math.isfinite(s["first_ratio"]) else False,
-                f"{fmt_x(s['first_ratio'])} ({fmt_s(s['first_s'])} s vs {fmt_s(ref)} s)",
-            )
-        )
-        lim = TARGETS["later_s"]
-        checks.append(
-            (
-                f"{m}: every later collector of the same process < {lim:g} s",
-                s["later_max_s"] < lim if s["later_runs_s"] else None,
-                f"max {fmt_s(s['later_max_s'])} s, median {fmt_s(s['later_median_s'])} s "
-                f"({len(s['later_runs_s'])} collectors)",
-            )
-        )
-        lim = TARGETS["restart_s"]
-        good = math.isfinite(s["restart_s"])
-        checks.append(
-            (
-                f"{m}: worker restart (crash -> next batch, minus a normal batch) < {lim:g} s",
-                (s["restart_s"] < lim if good else False) if s["restart_trials"] else None,
-                f"median {fmt_s(s['restart_s'])} s, max {fmt_s(s['restart_max_s'])} s "
-                f"({len(s['restart_trials'])} trials)"
-                + (f"; {'; '.join(s['restart_errors'])}" if s["restart_errors"] else ""),
-            )
-        )
-        if s["restart_trials"]:
-            checks.append(
-                (
-                    f"{m}: stats().restarts == 1 after each restart trial",
-                    all(r == 1 for r in s["restarts_seen"]),
-                    str(s["restarts_seen"]),
-                )
-            )
-        leftover = s["left_alive"]
-        checks.append(
-            (
-                f"{m}: no process left alive after a child exits",
-                not leftover,
-                "none" if not leftover else f"killed {leftover}",
-            )
-        )
-
-    n_later = max((len(summ[m]["later_runs_s"]) for m in methods), default=0)
-    n_trials = max((len(summ[m]["restart_trials"]) for m in methods), default=0)
-    rows: list[tuple[str, list[str], str]] = [
-        (
-            f"first collector of a fresh process: construction -> first batch (s, median of {n})",
-            [fmt_s(summ[m]["first_s"]) for m in methods],
-            "",
-        ),
-        (
-            f'... / `python -c "{REFERENCE_CMD}"` ({fmt_s(ref)} s, median of {rounds})',
-            [fmt_x(summ[m]["first_ratio"]) for m in methods],
-            f"<= {TARGETS['first_ratio']:g}x",
-        ),
-        (
-            "later collectors of the same process: median (s)",
-            [fmt_s(summ[m]["later_median_s"]) for m in methods],
-            "",
-        ),
-        (
-            f"later collectors: max (s, of {n_later})",
-            [fmt_s(summ[m]["later_max_s"]) for m in methods],
-            f"< {TARGETS['later_s']:g} s",
-        ),
-        (
-            f"worker restart: crash -> next batch, minus a normal batch (s, median of {n_trials})",
-            [fmt_s(summ[m]["restart_s"]) for m in methods],
-            f"< {TARGETS['restart_s']:g} s",
-        ),
-        (
-            "worker restart: the `next()` that spans the crash, minus a normal batch (s)",
-            [fmt_s(summ[m]["restart_span_minus_normal_s"]) for m in methods],
-            "",
-        ),
-        (
-            "normal batch (ms)",
-            [fmt_ms(summ[m]["normal_batch_s"]) for m in methods],
-            "",
-        ),
-        (
-            "`stats().restarts` after each trial",
-            [", ".join(str(r) for r in summ[m]["restarts_seen"]) or "-" for m in methods],
-            "1",
-        ),
-    ]
-    rows.append(
-        (
-            "workers that had imported tensordict at their first env step",
-            [f"{summ[m]['workers_tensordict']}/{summ[m]['workers_stamped']}" for m in methods],
-            "",
-        )
-    )
-
+    checks = h.Checks()
+    targets(checks, methods, summ, probes, ref)
+    rows = result_rows(methods, summ, ref, n, rounds)
+    cols = [Col("", left=True), *(Col(m, width=11) for m in methods), Col("target", left=True)]
     log("\n" + "=" * 110)
     log("RESULTS (seconds; medians unless stated)")
-    w0 = max(len(r[0]) for r in rows)
-    log(f"{'':<{w0}}  " + "  ".join(f"{m:>11}" for m in methods) + "  target")
-    for label, vals, target in rows:
-        log(f"{label:<{w0}}  " + "  ".join(f"{v:>11}" for v in vals) + f"  {target}")
+    for line in h.console_table(cols, rows):
+        log(line)
 
     log("\nFresh-process import times (wall time of `python -c ...`, for information):")
     for k, v in info.items():
         ref_note = "  (the reference)" if k == REFERENCE_CMD else ""
-        log(f'  python -c "{k}"{"":<{max(0, 52 - len(k))}} {fmt_s(v):>7} s{ref_note}')
+        log(f'  python -c "{k}"{"":<{max(0, 52 - len(k))}} {h.fmt_s(v):>7} s{ref_note}')
     log(
         f"  {'in a child: torch, gymnasium, aiocollect.blocking.MultiSyncCollector':<55} "
-        + " ".join(f"{fmt_s(summ[m]['child_import_s']):>7} s ({m})" for m in methods)
+        + " ".join(f"{h.fmt_s(summ[m]['child_import_s']):>7} s ({m})" for m in methods)
     )
+    phase_md = probe_table(methods, probes) if probe else []
+    restart_md = restart_table(methods, summ)
+    checks.report()
 
-    phase_md: list[str] = []
-    if probe and any(p and "phases" in p for p in probes.values()):
-        cols = [
-            (m, i, probes[m]["phases"][i]) for m in methods if probes.get(m) and "phases" in probes[m] for i in range(2)
-        ]
-        heads = [f"{m} {'1st' if i == 0 else '2nd'}" for m, i, _ in cols]
-        log(
-            "\nFirst-batch breakdown (probe): seconds after construction at which the slowest worker reached each point"
-        )
-        log(f"  {'':<42}" + "".join(f"{h:>16}" for h in heads))
-        phase_md = [
-            "| seconds after construction (slowest worker) | " + " | ".join(heads) + " |",
-            "| --- |" + " ---: |" * len(heads),
-        ]
-        for key, label in PHASE_LABELS.items():
-            vals = [ph.get(key) for _, _, ph in cols]
-            if all(v is None for v in vals):
-                continue
-            # A fork server started by an earlier collector of the process: "earlier".
-            cells = ["-" if v is None else "earlier" if v < 0 else fmt_s(v) for v in vals]
-            log(f"  {label:<42}" + "".join(f"{c:>16}" for c in cells))
-            phase_md.append(f"| {label} | " + " | ".join(cells) + " |")
-        mods_line = "; ".join(
-            f"{m}: {', '.join(probes[m]['worker_modules'])}" for m in methods if "phases" in probes.get(m, {})
-        )
-        log(f"  modules loaded in the workers at their first step: {mods_line}")
-    restart_md: list[str] = []
-    if any("restart_phases" in summ[m] for m in methods):
-        log("\nWorker restart breakdown: seconds after the crash (median of the trials)")
-        labels = {
-            "proc_started": "new worker process started",
-            "module_imported": "its imports done (config unpickled)",
-            "env_built": "its env built",
-            "first_step": "its first env step",
-            "next_batch": "next batch in hand",
-        }
-        restart_md = [
-            "| seconds after the crash | " + " | ".join(methods) + " |",
-            "| --- |" + " ---: |" * len(methods),
-        ]
-        for key, label in labels.items():
-            cells = [fmt_s(summ[m].get("restart_phases", {}).get(key, math.nan)) for m in methods]
-            log(f"  {label:<42}" + "".join(f"{c:>12}" for c in cells))
-            restart_md.append(f"| {label} | " + " | ".join(cells) + " |")
-
-    log("\nTargets:")
-    any_fail = False
-    for desc, ok, val in checks:
-        any_fail |= ok is False
-        log(f"  [{'SKIP' if ok is None else 'PASS' if ok else 'FAIL'}] {desc}: {val}")
-
-    md = [
-        "| | " + " | ".join(f"`{m}`" for m in methods) + " | target |",
-        "| --- |" + " ---: |" * len(methods) + " --- |",
-    ]
-    md += [f"| {label} | " + " | ".join(vals) + f" | {target} |" for label, vals, target in rows]
-    md += ["", "| fresh process, wall time | s |", "| --- | ---: |"]
-    md += [
-        f'| `python -c "{k}"`{" (the reference)" if k == REFERENCE_CMD else ""} | {fmt_s(v)} |' for k, v in info.items()
-    ]
+    md_cols = [Col("", left=True), *(Col(f"`{m}`") for m in methods), Col("target", left=True)]
+    md = h.markdown_table(md_cols, rows)
+    md += ["", *h.markdown_table([Col("fresh process, wall time", left=True), Col("s")], [
+        [f'`python -c "{k}"`{" (the reference)" if k == REFERENCE_CMD else ""}', h.fmt_s(v)] for k, v in info.items()
+    ])]  # fmt: skip
     if phase_md:
         md += ["", *phase_md]
     if restart_md:
         md += ["", *restart_md]
+    versions = run.versions_line("python", "torch", "tensordict", "gymnasium", "aiocollect")
     md += [
         "",
-        (
-            f"_Python {versions['python']}, torch {versions['torch']}, tensordict "
-            f"{versions['tensordict']}, gymnasium {versions['gymnasium']}, aiocollect "
-            f"{versions['aiocollect']}; {os.cpu_count()} CPUs; `MultiSyncCollector` (blocking) "
-            f"on {ENV_ID}, {NUM_WORKERS} workers, {FPB} frames per batch, 64-64 MLP; {n} fresh "
-            "processes per start method, interleaved with the reference._"
-        ),
+        f"_{versions}; {os.cpu_count()} CPUs; `MultiSyncCollector` (blocking) on {ENV_ID}, {NUM_WORKERS} workers, "
+        f"{FPB} frames per batch, 64-64 MLP; {n} fresh processes per start method, interleaved with the reference._",
     ]
     log("\nMarkdown:\n")
     log("\n".join(md))
-
-    elapsed, load_end = time.perf_counter() - t_start, _loadavg()
-    log(f"\ntotal time {elapsed:.1f} s; load average (1 min) {load_start:.2f} at start, {load_end:.2f} at end")
-    if args.json:
-        result = {
-            "versions": versions,
-            "settings": {
-                "quick": quick,
-                "start_methods": methods,
-                "repeats": n,
-                "later": later,
-                "restarts": restarts,
-                "probe": probe,
-                "num_workers": NUM_WORKERS,
-                "frames_per_batch": FPB,
-                "env": ENV_ID,
-                "targets": TARGETS,
-            },
-            "load_avg": [load_start, load_end],
-            "reference_cmd": REFERENCE_CMD,
-            "reference_s": ref,
-            "reference_runs_s": ref_runs,
-            "imports_s": info,
-            "imports_runs_s": info_runs,
-            "start_methods": summ,
-            "children": children,
-            "checks": [{"check": d, "ok": ok, "value": v} for d, ok, v in checks],
-            "elapsed_s": elapsed,
-        }
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2, default=str)
-    return 1 if args.strict and any_fail else 0
+    run.footer()
+    settings = {
+        "quick": quick,
+        "start_methods": methods,
+        "repeats": n,
+        "later": later,
+        "restarts": restarts,
+        "probe": probe,
+        "num_workers": NUM_WORKERS,
+        "frames_per_batch": FPB,
+        "env": ENV_ID,
+        "targets": TARGETS,
+    }
+    run.write_json(
+        args.json,
+        settings=settings,
+        reference_cmd=REFERENCE_CMD,
+        reference_s=ref,
+        reference_runs_s=ref_runs,
+        imports_s=info,
+        imports_runs_s=info_runs,
+        start_methods=summ,
+        children=children,
+        checks=checks.as_json(),
+    )
+    return checks.exit_code(args.strict)
 
 
-def _loadavg() -> float:
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return float("nan")
+def targets(checks: h.Checks, methods: list[str], summ: dict[str, Any], probes: dict[str, Any], ref: float) -> None:
+    for m in methods:
+        s = summ[m]
+        errors = s["errors"] + ([probes[m]["error"]] if "error" in probes.get(m, {}) else [])
+        if errors:
+            checks.add(f"{m}: every fresh process ran to the end", False, "; ".join(errors))
+        lim = TARGETS["first_ratio"]
+        checks.add(
+            f"{m}: first collector of a fresh process <= {lim:g}x `{REFERENCE_CMD}`",
+            s["first_ratio"] <= lim if math.isfinite(s["first_ratio"]) else False,
+            f"{h.fmt_x(s['first_ratio'])} ({h.fmt_s(s['first_s'])} s vs {h.fmt_s(ref)} s)",
+        )
+        lim = TARGETS["later_s"]
+        checks.add(
+            f"{m}: every later collector of the same process < {lim:g} s",
+            s["later_max_s"] < lim if s["later_runs_s"] else None,
+            f"max {h.fmt_s(s['later_max_s'])} s, median {h.fmt_s(s['later_median_s'])} s "
+            f"({len(s['later_runs_s'])} collectors)",
+        )
+        lim = TARGETS["restart_s"]
+        good = math.isfinite(s["restart_s"])
+        checks.add(
+            f"{m}: worker restart (crash -> next batch, minus a normal batch) < {lim:g} s",
+            (s["restart_s"] < lim if good else False) if s["restart_trials"] else None,
+            f"median {h.fmt_s(s['restart_s'])} s, max {h.fmt_s(s['restart_max_s'])} s "
+            f"({len(s['restart_trials'])} trials)"
+            + (f"; {'; '.join(s['restart_errors'])}" if s["restart_errors"] else ""),
+        )
+        if s["restart_trials"]:
+            ok = all(r == 1 for r in s["restarts_seen"])
+            checks.add(f"{m}: stats().restarts == 1 after each restart trial", ok, str(s["restarts_seen"]))
+        leftover = s["left_alive"]
+        value = "none" if not leftover else f"killed {leftover}"
+        checks.add(f"{m}: no process left alive after a child exits", not leftover, value)
 
 
-def _dist_version(name: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
+def result_rows(methods: list[str], summ: dict[str, Any], ref: float, n: int, rounds: int) -> list[list[str]]:
+    """The results table: a label, one cell per start method, the target."""
+    n_later = max((len(summ[m]["later_runs_s"]) for m in methods), default=0)
+    n_trials = max((len(summ[m]["restart_trials"]) for m in methods), default=0)
+    spec: list[tuple[str, Any, str]] = [
+        (f"first collector of a fresh process: construction -> first batch (s, median of {n})",
+         lambda s: h.fmt_s(s["first_s"]), ""),
+        (f'... / `python -c "{REFERENCE_CMD}"` ({h.fmt_s(ref)} s, median of {rounds})',
+         lambda s: h.fmt_x(s["first_ratio"]), f"<= {TARGETS['first_ratio']:g}x"),
+        ("later collectors of the same process: median (s)", lambda s: h.fmt_s(s["later_median_s"]), ""),
+        (f"later collectors: max (s, of {n_later})", lambda s: h.fmt_s(s["later_max_s"]),
+         f"< {TARGETS['later_s']:g} s"),
+        (f"worker restart: crash -> next batch, minus a normal batch (s, median of {n_trials})",
+         lambda s: h.fmt_s(s["restart_s"]), f"< {TARGETS['restart_s']:g} s"),
+        ("worker restart: the `next()` that spans the crash, minus a normal batch (s)",
+         lambda s: h.fmt_s(s["restart_span_minus_normal_s"]), ""),
+        ("normal batch (ms)", lambda s: h.fmt_ms(s["normal_batch_s"]), ""),
+        ("`stats().restarts` after each trial", lambda s: ", ".join(str(r) for r in s["restarts_seen"]) or "-", "1"),
+        ("workers that had imported tensordict at their first env step",
+         lambda s: f"{s['workers_tensordict']}/{s['workers_stamped']}", ""),
+    ]  # fmt: skip
+    return [[label, *(cell(summ[m]) for m in methods), target] for label, cell, target in spec]
 
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "not installed"
+
+def probe_table(methods: list[str], probes: dict[str, Any]) -> list[str]:
+    """Print the probe's first-batch breakdown; return it as Markdown (empty if none ran)."""
+    cols = [(m, i, probes[m]["phases"][i]) for m in methods if "phases" in probes.get(m, {}) for i in range(2)]
+    if not cols:
+        return []
+    heads = [f"{m} {'1st' if i == 0 else '2nd'}" for m, i, _ in cols]
+    log("\nFirst-batch breakdown (probe): seconds after construction at which the slowest worker reached each point")
+    rows = []
+    for key, label in PHASE_LABELS.items():
+        vals = [ph.get(key) for _, _, ph in cols]
+        if all(v is None for v in vals):
+            continue
+        # A fork server started by an earlier collector of the process: "earlier".
+        rows.append([label, *("-" if v is None else "earlier" if v < 0 else h.fmt_s(v) for v in vals)])
+    table = [Col("", width=42, left=True), *(Col(hd, width=15) for hd in heads)]
+    for line in h.console_table(table, rows):
+        log("  " + line)
+    mods = "; ".join(f"{m}: {', '.join(probes[m]['worker_modules'])}" for m in methods if "phases" in probes.get(m, {}))
+    log(f"  modules loaded in the workers at their first step: {mods}")
+    md_cols = [Col("seconds after construction (slowest worker)", left=True), *(Col(hd) for hd in heads)]
+    return h.markdown_table(md_cols, rows)
+
+
+def restart_table(methods: list[str], summ: dict[str, Any]) -> list[str]:
+    """Print the worker-restart breakdown; return it as Markdown (empty if no trial ran)."""
+    if not any("restart_phases" in summ[m] for m in methods):
+        return []
+    log("\nWorker restart breakdown: seconds after the crash (median of the trials)")
+    labels = {
+        "proc_started": "new worker process started",
+        "module_imported": "its imports done (config unpickled)",
+        "env_built": "its env built",
+        "first_step": "its first env step",
+        "next_batch": "next batch in hand",
+    }
+    rows = [
+        [label, *(h.fmt_s(summ[m].get("restart_phases", {}).get(key, math.nan)) for m in methods)]
+        for key, label in labels.items()
+    ]
+    for line in h.console_table([Col("", width=42, left=True), *(Col(m, width=11) for m in methods)], rows):
+        log("  " + line)
+    return h.markdown_table([Col("seconds after the crash", left=True), *(Col(m) for m in methods)], rows)
 
 
 if __name__ == "__main__":

@@ -1,3 +1,4 @@
+#!/usr/bin/env python
 """aiocollect beside TorchRL on a TorchRL env: the drop-in's speed, in one process and with 2 workers.
 
 Workload: ``TransformedEnv(GymEnv("Pendulum-v1"), Compose(DoubleToFloat(), StepCounter(200),
@@ -14,19 +15,26 @@ Each pair is timed in alternation (ABBA rounds, after a warm-up batch), so a slo
 shared machine hits both sides; the reported ratio is the median of the per-round ratios.
 
     PYTHONPATH=. python benchmarks/bench_torchrl_env.py            # about 2 minutes on 2 cores
-    PYTHONPATH=. python benchmarks/bench_torchrl_env.py --rounds 2 --batches 3   # smoke run
+    PYTHONPATH=. python benchmarks/bench_torchrl_env.py --quick    # smoke run: 2 rounds of 2 batches
+
+See benchmarks/README.md for what each row means.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import os
 import statistics
+import sys
 import time
 import warnings
 from typing import Any
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling modules, from any cwd
+import _harness as h
+import _workloads as wl
+from _harness import Col, log
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
@@ -37,22 +45,11 @@ def make_env() -> Any:
     return TransformedEnv(GymEnv("Pendulum-v1"), Compose(DoubleToFloat(), StepCounter(200), RewardSum()))
 
 
-class MLP(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.net = torch.nn.Sequential(
-            torch.nn.Linear(3, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1)
-        )
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.net(obs).tanh() * 2
-
-
 def make_policy() -> Any:
+    """The benchmarks' 64-64 MLP, ``tanh(mlp(obs)) * 2``, the same weights every time."""
     from tensordict.nn import TensorDictModule
 
-    return TensorDictModule(MLP(), in_keys=["observation"], out_keys=["action"])
+    return TensorDictModule(wl.seeded(wl.ContinuousPolicy, 3, 1), in_keys=["observation"], out_keys=["action"])
 
 
 class BareLoop:
@@ -111,27 +108,32 @@ def paired(a: str, b: str, fpb: int, rounds: int, batches: int) -> dict[str, Any
     ia, ib = iter(ca), iter(cb)
     try:
         next(ia), next(ib)
-        runs: dict[str, list[float]] = {a: [], b: []}
-        for r in range(rounds):
-            order = (a, b) if r % 2 == 0 else (b, a)
-            for name in order:
-                runs[name].append(fps(ia if name == a else ib, batches))
+        fa, fb = h.abba(lambda: fps(ia, batches), lambda: fps(ib, batches), rounds)
     finally:
         for c in (ca, cb):
             c.shutdown()
-    ratios = [y / x for x, y in zip(runs[a], runs[b], strict=True)]
-    return {"a": a, "b": b, "fps": {k: statistics.median(v) for k, v in runs.items()}, "runs": runs,
+    ratios = [y / x for x, y in zip(fa, fb, strict=True)]
+    return {"a": a, "b": b, "fps": {a: statistics.median(fa), b: statistics.median(fb)}, "runs": {a: fa, b: fb},
             "ratio": statistics.median(ratios), "ratios": ratios}  # fmt: skip
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--frames-per-batch", type=int, default=1000)
-    parser.add_argument("--rounds", type=int, default=4, help="ABBA rounds per pair (default 4)")
-    parser.add_argument("--batches", type=int, default=4, help="batches timed per side and round (default 4)")
-    parser.add_argument("--json", help="also write every number to this file")
-    args = parser.parse_args()
+def main(argv: list[str] | None = None) -> int:
+    ap = h.parser(__doc__, quick="smoke run: 2 ABBA rounds of 2 batches per pair", strict=False)
+    ap.add_argument("--frames-per-batch", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=None, help="ABBA rounds per pair (default 4; 2 with --quick)")
+    ap.add_argument(
+        "--batches", type=int, default=None, help="batches timed per side and round (default 4; 2 with --quick)"
+    )
+    args = ap.parse_args(argv)
+    rounds = args.rounds or (2 if args.quick else 4)
+    batches = args.batches or (2 if args.quick else 4)
     torch.set_num_threads(1)
+    run = h.Session("torch", "tensordict", "torchrl", "aiocollect")
+    run.header(
+        f"bench_torchrl_env: {'QUICK' if args.quick else 'full'} run, {rounds} ABBA rounds of {batches} batches "
+        f"of {args.frames_per_batch} frames per side",
+        "torch threads=1",
+    )
     pairs: list[tuple[str, str, str]] = [
         ("one process: aiocollect / bare loop", "bare", "aiocollect"),
         ("one process: aiocollect / TorchRL", "torchrl", "aiocollect"),
@@ -139,19 +141,21 @@ def main() -> None:
     ]
     results = []
     for label, a, b in pairs:
-        res = paired(a, b, args.frames_per_batch, args.rounds, args.batches)
+        res = paired(a, b, args.frames_per_batch, rounds, batches)
         res["label"] = label
         results.append(res)
-        print(f"{label:40s} {res['ratio']:5.2f}x   ({a} {res['fps'][a]:8.0f} fps, {b} {res['fps'][b]:8.0f} fps; "
-              f"per round {', '.join(f'{r:.2f}' for r in res['ratios'])})", flush=True)  # fmt: skip
-    print("\n| pair | ratio (median of rounds) | frames/s |\n| --- | --- | --- |")
-    for res in results:
-        a, b = res["a"], res["b"]
-        print(f"| {res['label']} | {res['ratio']:.2f}x | {b} {res['fps'][b]:.0f}, {a} {res['fps'][a]:.0f} |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"frames_per_batch": args.frames_per_batch, "results": results}, f, indent=1)
+        log(f"{label:40s} {res['ratio']:5.2f}x   ({a} {res['fps'][a]:8.0f} fps, {b} {res['fps'][b]:8.0f} fps; "
+            f"per round {', '.join(f'{r:.2f}' for r in res['ratios'])})")  # fmt: skip
+    cols = [Col("pair", left=True), Col("ratio (median of rounds)", left=True), Col("frames/s", left=True)]
+    rows = [
+        [r["label"], f"{r['ratio']:.2f}x", f"{r['b']} {r['fps'][r['b']]:.0f}, {r['a']} {r['fps'][r['a']]:.0f}"]
+        for r in results
+    ]
+    log("\n" + "\n".join(h.markdown_table(cols, rows)))
+    run.footer()
+    run.write_json(args.json, frames_per_batch=args.frames_per_batch, rounds=rounds, batches=batches, results=results)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
