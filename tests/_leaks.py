@@ -67,6 +67,7 @@ __all__ = [
     "LeakError",
     "Snapshot",
     "check_no_leaks",
+    "descendants_left_behind",
     "find_leaks",
     "orphans_reparented_here",
     "run_script",
@@ -511,3 +512,46 @@ def run_script(
         if not ALLOWED_SURVIVORS.search(recorder.cmdlines.get(key, ""))
     ]
     return proc, leaked
+
+
+def _session_helpers() -> set[int]:
+    """Pids of this process's multiprocessing fork server and resource tracker (shared by later tests)."""
+    from multiprocessing import forkserver, resource_tracker
+
+    pids = {getattr(forkserver._forkserver, "_forkserver_pid", None)}
+    pids.add(getattr(resource_tracker._resource_tracker, "_pid", None))
+    return {pid for pid in pids if pid is not None}
+
+
+@contextmanager
+def descendants_left_behind(grace: float = 5.0) -> Iterator[list[str]]:
+    """On exit, list the processes started inside the block that are still running.
+
+    Each descendant of this process that appeared inside the block (except this process's
+    fork server and resource tracker) gets ``grace`` seconds to end, and is reaped: an orphan
+    that `orphans_reparented_here` brought here is this process's to reap. Those still running
+    then are killed, reaped, and added to the yielded list as ``"pid N: command line"``, so
+    the leak check of the test sees nothing of them. Use it inside `orphans_reparented_here`
+    to see the descendants whose parent died too.
+    """
+    before = _descendants()
+    left: list[str] = []
+    with _DescendantRecorder() as recorder:
+        try:
+            yield left
+        finally:
+            recorder.sample()
+            helpers = _session_helpers()
+            new = {key: p for key, p in _descendants().items() if key not in before and key[0] not in helpers}
+            _, alive = psutil.wait_procs(list(new.values()), timeout=grace)
+            for p in alive:
+                try:
+                    p.kill()
+                except psutil.Error:
+                    pass
+            psutil.wait_procs(alive, timeout=5)
+            left.extend(
+                f"pid {key[0]}: {recorder.cmdlines.get(key, '(command line unknown)')[:160]}"
+                for key, p in new.items()
+                if p in alive
+            )

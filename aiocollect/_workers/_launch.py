@@ -14,10 +14,21 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
+from ._launch_group import die_with_group, end_group_but_self, kill_group, lead_new_group, sweep_group
+
 if TYPE_CHECKING:
     from multiprocessing.context import ForkServerContext, SpawnContext
 
-__all__ = ["Launcher", "MpLauncher", "SubmititLauncher", "cancel_job", "end_job", "kill_tree", "submitit_executor"]
+__all__ = [
+    "Launcher",
+    "MpLauncher",
+    "SubmititLauncher",
+    "cancel_job",
+    "end_job",
+    "kill_tree",
+    "run_leading_group",
+    "submitit_executor",
+]
 
 #: TorchRL's SLURM defaults, which ``slurm_kwargs`` update.
 DEFAULT_SLURM_CONF = {"timeout_min": 10, "slurm_partition": "train", "cpus_per_task": 32, "gpus_per_node": 0}
@@ -66,6 +77,7 @@ class MpLauncher(Launcher):
             _preload_forkserver(self._ctx)
         self._procs: dict[int, Any] = {}
         self._codes: dict[int, int] = {}  # exit codes of released processes
+        self._alive: dict[int, Any] = {}  # write ends whose EOF tells a node that this process died
 
     def launch(self, rank: int, args: tuple[Any, ...]) -> None:
         from ._distributed_node import node_main
@@ -73,18 +85,26 @@ class MpLauncher(Launcher):
 
         _check_not_bootstrapping()
         self._codes.pop(rank, None)
+        alive_r, alive_w = self._ctx.Pipe(duplex=False)
         process = self._ctx.Process(
-            target=self._main or node_main, args=args, name=f"aiocollect-node-{rank}", daemon=True
-        )
-        with _START_LOCK:  # as in the subprocess transport: never fix the global start method
-            default = getattr(multiprocessing.context, "_default_context", None)
-            unset = getattr(default, "_actual_context", False) is None
-            try:
-                process.start()
-            finally:
-                if unset:
-                    default._actual_context = None  # type: ignore[union-attr]
-        self._procs[rank] = process
+            target=run_leading_group, args=(alive_r, self._main or node_main, *args), name=f"aiocollect-node-{rank}",
+            daemon=True,
+        )  # fmt: skip
+        try:
+            with _START_LOCK:  # as in the subprocess transport: never fix the global start method
+                default = getattr(multiprocessing.context, "_default_context", None)
+                unset = getattr(default, "_actual_context", False) is None
+                try:
+                    process.start()
+                finally:
+                    if unset:
+                        default._actual_context = None  # type: ignore[union-attr]
+        except BaseException:
+            alive_w.close()
+            raise
+        finally:
+            alive_r.close()  # the node has its own copy
+        self._procs[rank], self._alive[rank] = process, alive_w
 
     def sentinel(self, rank: int) -> int | None:
         p = self._procs.get(rank)
@@ -97,17 +117,16 @@ class MpLauncher(Launcher):
     def _release(self, rank: int) -> None:
         p = self._procs.get(rank)
         if p is not None and p.exitcode is not None:
+            sweep_group(p.pid)  # what the node's env started and left running
             self._codes[rank] = p.exitcode
             del self._procs[rank]
             p.close()  # its sentinel (a descriptor) goes now, not whenever the collector is collected
+            self._alive.pop(rank).close()
 
     def kill(self, rank: int) -> None:
         p = self._procs.get(rank)
         if p is not None and p.exitcode is None and p.pid is not None:
-            try:
-                os.kill(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            kill_group(p.pid)  # the node and every process its env started
 
     def reap(self, rank: int, timeout: float) -> None:
         p = self._procs.get(rank)
@@ -128,6 +147,32 @@ class MpLauncher(Launcher):
         for rank, p in list(self._procs.items()):
             p.join(1.0)
             self._release(rank)
+
+
+def run_leading_group(alive: Any, main: Callable[..., None], *args: Any) -> None:
+    """Run ``main(*args)`` as the leader of a new process group (a node started by `MpLauncher`).
+
+    Its env's processes then share its group, which the launcher kills with it (see
+    ``_launch_group``); when ``main`` returns, those still running end with it; and when the
+    launching process dies (``alive`` reads EOF), the whole group ends at once, as a subprocess
+    worker's does.
+    """
+    leader = lead_new_group()
+    watcher = threading.Thread(target=_watch_launcher, args=(alive, leader), name="aiocollect launcher watcher")
+    watcher.daemon = True
+    watcher.start()
+    try:
+        main(*args)
+    finally:
+        end_group_but_self()
+
+
+def _watch_launcher(alive: Any, leader: bool) -> None:
+    try:
+        alive.recv_bytes()  # the launcher never writes: this returns at its death
+    except (EOFError, OSError):
+        pass
+    die_with_group(leader)
 
 
 class SubmititLauncher(Launcher):

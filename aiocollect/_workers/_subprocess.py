@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.process
-import os
-import signal
 import threading
 from collections import deque
 from collections.abc import Mapping
@@ -30,6 +28,7 @@ import anyio
 import anyio.to_thread
 
 from .._core._errors import WorkerCrashedError, worker_error_from_message
+from ._launch_group import kill_group, sweep_group
 from ._messages import AttachStorage, Close, Command, Event, Exited, Failed, Ready
 from ._subprocess_main import CONTROL_BYTES, FdArg, SlotsGiven, SlotsWanted, subprocess_main
 from ._transport import BUSY, CONTROL_WORDS, PREEMPT, PROGRESS, STOP, Tensors, Transport
@@ -202,13 +201,14 @@ class SubprocessTransport(Transport):
         if not await self._join(p, timeout):
             p.process.terminate()
             if not await self._join(p, 1.0):
-                p.process.kill()
+                kill_group(p.process.pid)
                 await self._join(p, 5.0)
         for conn in (p.conn, p.alive_w):
             if conn is not None:
                 conn.close()
         p.process.join(1.0)  # never leave a zombie behind
         if p.process.exitcode is not None:
+            sweep_group(p.process.pid)  # what the env started and left running
             p.process.close()
         p.process = p.conn = p.alive_w = None
         # Dropping the views unmaps the block (each mapping holds a descriptor until then).
@@ -225,9 +225,11 @@ class SubprocessTransport(Transport):
             process = p.process
             if process is not None:
                 if process.exitcode is None:
-                    process.kill()
+                    kill_group(process.pid)
                 process.join(1.0)
                 p.exitcode = process.exitcode
+                if p.exitcode is not None:
+                    sweep_group(process.pid)
             # The connections are not closed here: during garbage collection of a reference
             # cycle their own finalizers may already have closed the descriptors, and closing
             # a number twice could close an unrelated file that reused it. Dropping them lets
@@ -331,10 +333,11 @@ class SubprocessTransport(Transport):
         return None if process is None else process.pid
 
     def kill(self, w: int) -> None:
-        pid = self.pid(w)
-        if pid is not None:
-            # SIGKILL (which a stopped process also obeys): its exit then arrives as Exited.
-            os.kill(pid, signal.SIGKILL)
+        p = self._procs[w].process
+        if p is not None and p.exitcode is None:
+            # SIGKILL (which a stopped process also obeys), to its processes too: its exit then
+            # arrives as Exited.
+            kill_group(p.pid)
 
 
 transport_class = SubprocessTransport

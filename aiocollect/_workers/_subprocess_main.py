@@ -6,6 +6,8 @@ the forkserver preloads this module, and each worker it forks starts with the lo
 
 from __future__ import annotations
 
+import functools
+import multiprocessing
 import os
 import signal
 import sys
@@ -13,6 +15,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from ._launch_group import die_with_group, end_group_but_self, lead_new_group
 from ._loop import run_worker
 from ._messages import Close, Command, Event
 from ._transport import CONTROL_WORDS, WorkerChannel
@@ -61,6 +64,7 @@ class SubprocessChannel(WorkerChannel):
         self._weights_fd, self._weights_bytes, self._weights_layout = weights_fd, weights_bytes, weights_layout
         self._weights: dict[Any, Any] | None = None
         self.control: Any = None
+        self.parent_lost = False  # the socket broke: the parent died (or dropped this worker)
 
     def setup(self, spec: Any) -> None:
         import torch
@@ -68,10 +72,18 @@ class SubprocessChannel(WorkerChannel):
         torch.set_num_threads(spec.num_sub_threads)  # the whole process is this worker's
 
     def receive(self) -> Command:
-        return self._conn.recv()
+        try:
+            return self._conn.recv()
+        except (EOFError, OSError):
+            self.parent_lost = True
+            raise
 
     def send(self, event: Event) -> None:
-        self._conn.send(event)
+        try:
+            self._conn.send(event)
+        except OSError:
+            self.parent_lost = True
+            raise
 
     def output_slots(self, layout: Any, count: int) -> list[dict[Any, Any]]:
         from multiprocessing.reduction import recv_handle
@@ -115,24 +127,58 @@ class SubprocessChannel(WorkerChannel):
         return attach_storage(info, recv_handle(self._conn) if has_fd else None)
 
 
-def _watch_parent(alive: Any) -> None:
-    # The parent holds the other end; EOF means it died (even by SIGKILL): exit at once.
+def _cover_fds(fds: list[int]) -> None:
+    # Not closed: the child's copies of the Connection objects still name these numbers.
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in fds:
+        os.dup2(null, fd)
+    os.close(null)
+
+
+def _parent_gone(alive: Any) -> bool:
+    # The parent never writes to it: readable means EOF.
+    try:
+        return bool(alive.poll())
+    except (EOFError, OSError):
+        return True
+
+
+def _watch_parent(alive: Any, leader: bool) -> None:
+    # The parent holds the other end; EOF means it died (even by SIGKILL): exit at once, and
+    # take the env's own processes along (a ParallelEnv's workers would otherwise run on).
     try:
         alive.recv_bytes()
     except (EOFError, OSError):
         pass
-    os._exit(1)
+    die_with_group(leader)
 
 
 def subprocess_main(
     conn: Any, alive: Any, spec_bytes: bytes, weights_fd: FdArg, weights_bytes: int, weights_layout: Any
 ) -> None:
     """Entry point of a worker process (module level, so ``spawn`` and ``forkserver`` can import it)."""
-    # Ctrl-C goes to the whole process group; the parent decides how workers stop.
+    # Its own session, so its own process group: whatever the env starts joins it, and the
+    # parent can end them all together (see _launch_group).
+    leader = lead_new_group()
+    # Ctrl-C goes to the terminal's foreground group (no longer this one, unless setsid
+    # failed); the parent decides how workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    threading.Thread(target=_watch_parent, args=(alive,), name="aiocollect parent watcher", daemon=True).start()
-    run_worker(SubprocessChannel(conn, weights_fd.detach(), weights_bytes, weights_layout), spec_bytes)
+    # Started daemonic (so an exiting parent never waits for it), yet an env may start
+    # processes of its own, which multiprocessing refuses to a daemonic process.
+    multiprocessing.current_process().daemon = False
+    # A child the env forks (multiprocessing's "fork") must not hold this worker's socket: the
+    # parent learns of the worker's death from its EOF.
+    os.register_at_fork(after_in_child=functools.partial(_cover_fds, [conn.fileno(), alive.fileno()]))
+    threading.Thread(target=_watch_parent, args=(alive, leader), name="aiocollect parent watcher", daemon=True).start()
+    channel = SubprocessChannel(conn, weights_fd.detach(), weights_bytes, weights_layout)
+    run_worker(channel, spec_bytes)
     # Skip interpreter teardown (seconds with torch loaded): nothing is left to flush but stdio.
     sys.stdout.flush()
     sys.stderr.flush()
+    # What the env left running ends with this process. The parent also sweeps the group once
+    # it has seen this process end, but a dead parent cannot, and the watcher thread may not
+    # get to it before the exit below.
+    if channel.parent_lost or _parent_gone(alive):
+        die_with_group(leader)
+    end_group_but_self()
     os._exit(0)
