@@ -20,6 +20,7 @@ from ._collect import _collector
 from ._collect._blocking_base import DataCollectorBase
 from ._collect._blocking_base import twin_doc as _twin_doc
 from ._collect._blocking_base import twin_init as _twin_init
+from ._collect._dispatch import FrontDoor as _FrontDoor
 from ._core._errors import BufferClosedError as _BufferClosedError
 from ._core._errors import WouldBlock as _WouldBlock
 from ._core._portal import Portal as _Portal
@@ -43,13 +44,15 @@ __all__ = (
 )
 
 
-class Collector(DataCollectorBase):
+class Collector(DataCollectorBase, metaclass=_FrontDoor, targets="aiocollect.blocking"):
     """Blocking twin of `aiocollect.Collector` (also exported as ``aiocollect.SyncDataCollector``).
 
     Takes the same arguments. Iterate with ``for batch in collector``; leaving ``with``,
     exhausting the budget or calling `shutdown` closes the env and the portal thread. The
     rest is `aiocollect.Collector`'s documentation: read ``with``/``for`` for
-    ``async with``/``async for`` and `shutdown` for ``aclose()``.
+    ``async with``/``async for`` and `shutdown` for ``aclose()``. Where the selector
+    arguments (``backend``, ``num_collectors``, ``sync``, ``backend_options``) choose another
+    collector, the object returned is that collector's blocking twin, from this module.
 
     {args}
 

@@ -65,16 +65,19 @@ def test_update_weights_set_seed_and_state_dict_through_portal() -> None:
 
 def test_repr_names_blocking_class() -> None:
     c = SyncDataCollector(lambda: CountingEnv(1), frames_per_batch=4, total_frames=8)
-    assert repr(c).startswith("<blocking.Collector [not started")
+    try:
+        assert repr(c).startswith("<blocking.Collector [open")  # built by the constructor, as TorchRL's
+    finally:
+        c.shutdown()
+    assert repr(c).startswith("<blocking.Collector [closed")
 
 
 @pytest.mark.anyio
 async def test_blocking_call_inside_event_loop_names_async_class() -> None:
-    c = SyncDataCollector(lambda: CountingEnv(1), frames_per_batch=4)
+    # The constructor builds the env through the portal (as TorchRL's builds it): refused there.
     with pytest.raises(
         RuntimeError,
         match=r"^aiocollect\.blocking\.Collector cannot be used inside a running "
         r"event loop; use aiocollect\.Collector with 'async with' instead$",
     ):
-        next(c)
-    c.shutdown()
+        SyncDataCollector(lambda: CountingEnv(1), frames_per_batch=4)

@@ -197,6 +197,34 @@ def test_installed_version_matches_source() -> None:
 
 NODE_COLLECTORS = ["DistributedCollector", "DistributedSyncCollector", "RPCCollector", "RayCollector"]
 TWINS = ["Collector", "MultiSyncCollector", "MultiAsyncCollector", "AsyncCollector", *NODE_COLLECTORS, "ReplayBuffer"]
+#: The arguments only ``Collector(...)`` itself takes, to choose the class it builds (TorchRL's
+#: front door); the classes it builds have their own ``backend``/``sync`` or none.
+FRONT_DOOR_SELECTORS = ("backend", "backend_options", "num_collectors", "sync")
+#: Arguments of the in-process ``Collector`` alone: a multi-worker collector numbers its workers itself.
+DIRECT_ONLY = ("worker_idx",)
+
+
+def _shared_collector_parameters() -> dict[str, inspect.Parameter]:
+    """`Collector`'s arguments that every collector shares (its signature, less the selectors)."""
+    import aiocollect
+
+    params = inspect.signature(aiocollect.Collector).parameters
+    return {name: p for name, p in params.items() if name not in (*FRONT_DOOR_SELECTORS, *DIRECT_ONLY)}
+
+
+@pytest.mark.parametrize("module", ["aiocollect", "aiocollect.blocking"])
+def test_collector_signature_shows_the_front_door_selectors(module: str) -> None:
+    # TorchRL 0.14's public signature: Collector(create_env_fn, policy=None, *, backend=None,
+    # backend_options=None, num_collectors=None, sync=None, ...), without self.
+    collector = importlib.import_module(module).Collector
+    params = inspect.signature(collector).parameters
+    assert list(params)[:2] == ["create_env_fn", "policy"]
+    for name in FRONT_DOOR_SELECTORS:
+        assert params[name].kind is inspect.Parameter.KEYWORD_ONLY and params[name].default is None, name
+    assert params["frames_per_batch"].default is inspect.Parameter.empty
+    # Only the front door takes them: the class's own __init__ does not.
+    init = inspect.signature(collector.__init__ if module == "aiocollect" else collector._async_class.__init__)
+    assert not set(FRONT_DOOR_SELECTORS) & set(init.parameters)
 
 
 @pytest.mark.parametrize("name", TWINS)
@@ -225,8 +253,9 @@ def test_multi_collectors_take_every_collector_argument(name: str) -> None:
     # Collector's signature is the one declaration of the shared arguments and defaults.
     import aiocollect
 
-    shared = inspect.signature(aiocollect.Collector).parameters
+    shared = _shared_collector_parameters()
     params = inspect.signature(getattr(aiocollect, name)).parameters
+    assert not {"backend_options", "num_collectors", *DIRECT_ONLY} & set(params)
     for arg, p in shared.items():
         assert arg in params and params[arg].default == p.default, arg
     with pytest.raises(TypeError, match=rf"^{name}\(\) got an unexpected keyword argument 'frame_per_batch'$"):
@@ -247,7 +276,7 @@ def test_node_collectors_have_full_signatures(name: str) -> None:
     assert not [p for p in params.values() if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
     assert not [n for n, p in params.items() if p.annotation is inspect.Parameter.empty]
     assert params["frames_per_batch"].default is inspect.Parameter.empty
-    for arg, p in inspect.signature(aiocollect.Collector).parameters.items():
+    for arg, p in _shared_collector_parameters().items():
         if arg in params:  # an argument shared with Collector has Collector's default
             assert params[arg].default == p.default, arg
     assert ("sync" in params) is (name != "DistributedSyncCollector")
@@ -398,3 +427,26 @@ def test_public_submodules_are_attributes_after_a_bare_import() -> None:
                           timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["Collector", "CountingEnv"]
+
+
+@pytest.mark.parametrize("name", ["Collector", "MultiSyncCollector", "MultiAsyncCollector", "AsyncCollector"])
+def test_collectors_take_torchrls_weight_sync_api(name: str) -> None:
+    # TorchRL's forms of update_policy_weights_, weight_sync_schemes/weight_updater and the
+    # policy-version accessors, on the async class and its blocking twin alike.
+    import aiocollect
+
+    for cls in (getattr(aiocollect, name), getattr(aiocollect.blocking, name)):
+        update = inspect.signature(cls.update_policy_weights_).parameters
+        assert {"weights", "policy", "worker_ids", "model_id", "weights_dict"} <= set(update), cls
+        assert {"weight_sync_schemes", "weight_updater"} <= set(inspect.signature(cls).parameters), cls
+        assert isinstance(inspect.getattr_static(cls, "policy_version"), property), cls
+        assert inspect.getdoc(cls.get_policy_version), cls
+
+
+@pytest.mark.parametrize("name", NODE_COLLECTORS)
+def test_node_collectors_report_their_policy_version(name: str) -> None:
+    import aiocollect
+
+    for cls in (getattr(aiocollect, name), getattr(aiocollect.blocking, name)):
+        assert isinstance(inspect.getattr_static(cls, "policy_version"), property), cls
+        assert callable(cls.get_policy_version), cls

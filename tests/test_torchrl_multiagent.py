@@ -2,10 +2,9 @@
 
 Rewards and done flags that live under agent groups (``("data", "reward")``,
 ``("agents", "agent_0", "done")``) are recorded where TorchRL records them: rewards under
-``"next"`` only, done flags at the root and under ``"next"``. aiocollect adds its
-``("collector", ...)`` keys and, where the env has none at the root, its own aggregated flags
-(``("next", "done")`` is True for an env where any of its done entries is: the rule TorchRL's
-collector cuts trajectories by).
+``"next"`` only, done flags at the root and under ``"next"``, and no root flag the env does
+not have. Nested groups keep their own batch dims (``[*B, T, n_agents]``), also when the
+batch comes from a worker process. The batches hold exactly TorchRL's keys.
 """
 
 from __future__ import annotations
@@ -29,8 +28,6 @@ from aiocollect import MultiSyncDataCollector, SyncDataCollector
 
 pytestmark = pytest.mark.timeout(120)
 
-AIOCOLLECT_ONLY = {("collector", "worker_id"), ("collector", "policy_version")}
-#: The rollout's own done flags, added where the env has no root done entries.
 ROOT_FLAGS = {key for k in ("done", "terminated", "truncated") for key in (k, ("next", k))}
 
 
@@ -90,7 +87,8 @@ def compare(ours: list[TensorDict], theirs: list[TensorDict], skip_values: set) 
     for i, (a, t) in enumerate(zip(ours, theirs, strict=True)):
         assert a.shape == t.shape, i
         assert leaves(t) <= leaves(a), (i, leaves(t) - leaves(a))
-        assert leaves(a) - leaves(t) == AIOCOLLECT_ONLY | (ROOT_FLAGS - leaves(t)), i
+        assert leaves(a) == leaves(t), i  # exactly TorchRL's keys
+        assert a.batch_size == t.batch_size and a.names == t.names, i
         for key in sorted(leaves(t), key=str):
             x, y = a.get(key), t.get(key)
             assert (x.shape, x.dtype) == (y.shape, y.dtype), (i, key)
@@ -98,26 +96,17 @@ def compare(ours: list[TensorDict], theirs: list[TensorDict], skip_values: set) 
                 assert torch.equal(x, y), (i, key)
 
 
-def any_done(td: TensorDict, keys: list) -> torch.Tensor:
-    out = torch.zeros(td.shape, dtype=torch.bool)
-    for key in keys:
-        v = td.get(("next", *((key,) if isinstance(key, str) else key)))
-        out |= v.reshape(*td.shape, -1).any(-1)
-    return out
-
-
 def test_nested_agent_entries_match_torchrls_batches_through_partial_resets() -> None:
-    env = nested(2)
-    policy = nested_policy(env)
-    done_keys = list(env.done_keys)
+    policy = nested_policy(nested(2))
     theirs = collect(TorchRLCollector, two_nested, policy)
     ours = collect(SyncDataCollector, two_nested, policy)
     compare(ours, theirs, skip_values=set())
-    for a, t in zip(ours, theirs, strict=True):
+    for a in ours:
         assert a["next", "data", "reward"].shape == (2, 10, 3, 1)
         assert "reward" not in a["next"].keys(), "the env has no root reward, nor do TorchRL's batches"
-        # The aggregated flag: an env's step is done where any agent's is.
-        assert torch.equal(a["next", "done"].squeeze(-1), any_done(t, done_keys))
+        assert not ROOT_FLAGS & leaves(a), "nor a root done flag"
+        # Nested groups keep their batch dims: [envs, steps, agents].
+        assert a["next", "data"].batch_size == (2, 10, 3)
     # Both envs ended episodes, at different steps: the partial-reset path was compared.
     ends = torch.cat([t["next", "data", "done"].any(-2).squeeze(-1) for t in theirs], dim=-1)
     assert ends.any(-1).all() and not torch.equal(ends[0], ends[1])
@@ -153,7 +142,7 @@ def test_per_agent_rewards_and_dones_without_root_flags_match_torchrls_batches()
     assert any(bool(t["next", "env_done"].any()) for t in theirs)
     for a in ours:
         assert a["next", "agents", "agent_1", "reward"].shape == (20, 1)
-        assert torch.equal(a["next", "done"], a["next", "env_done"])
+        assert not ROOT_FLAGS & leaves(a)
 
 
 def test_nested_agent_envs_in_worker_processes() -> None:
@@ -162,6 +151,7 @@ def test_nested_agent_envs_in_worker_processes() -> None:
     for batch in ours:
         assert batch["next", "data", "reward"].shape == (2, 2, 10, 3, 1)  # [workers, envs, steps, agents, 1]
         assert batch["data", "states"].shape == (2, 2, 10, 3, 1)
+        assert batch["next", "data"].batch_size == (2, 2, 10, 3)  # the group's own dim survives the slot
         assert batch["next", "data", "done"].any()
         assert "reward" not in batch["next"].keys()
 

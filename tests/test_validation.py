@@ -30,12 +30,16 @@ def make(cls: type, **kwargs: Any) -> Any:
 
 
 @pytest.mark.parametrize("cls", COLLECTORS)
-def test_total_frames_below_one_batch_is_an_error(cls: type) -> None:
-    with pytest.raises(ValueError, match=(
-        r"^total_frames \(4\) must be at least frames_per_batch \(8\), or -1 for endless collection; "
-        r"raise total_frames or lower frames_per_batch$"
+def test_total_frames_below_one_batch_warns_that_one_batch_is_collected(cls: type) -> None:
+    # TorchRL's rule: the budget is rounded up to whole batches, with a warning.
+    with pytest.warns(UserWarning, match=(
+        r"^total_frames \(4\) is not divisible by frames_per_batch \(8\); the last batch will take "
+        r"collection to 8 frames$"
     )):  # fmt: skip
-        make(cls, total_frames=4)
+        c = make(cls, total_frames=4)
+    assert len(c) == 1
+    if isinstance(c, SyncDataCollector):  # built by its constructor
+        c.shutdown()
 
 
 WRONG_TYPES = [

@@ -245,7 +245,11 @@ def test_collect_into_a_preempted_batch_marks_the_missing_steps() -> None:
     rollout.prepare()
     out = {k: torch.full(s, 7, dtype=d) for k, s, d in rollout.output_layout()}
     polls = iter(range(100))
-    assert rollout.collect_into(True, out, preempt=lambda: next(polls) >= 3) == 3
+    # Polled before every step but the first (TorchRL's rule: a preempted batch takes one step).
+    assert rollout.collect_into(True, out, preempt=lambda: next(polls) >= 2) == 3
+    assert next(polls) == 3  # polls before steps 1, 2 and 3: none before step 0
+    assert rollout.collect_into(True, dict(out), preempt=lambda: True) == 1  # preempted at once: one step
+    assert rollout.collect_into(True, out, preempt=lambda: next(polls) >= 6) == 3
     assert torch.equal(out["observation"][:, :3, 2], torch.tensor([[0.0, 1, 2], [0, 1, 2]]))
     assert bool((out["observation"][:, 3:] == 0).all()) and bool((out["action"][:, 3:] == 0).all())
     assert bool((out[("collector", "traj_ids")][:, 3:] == -1).all())

@@ -6,7 +6,7 @@ import inspect
 import re
 import textwrap
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from functools import partial
 from types import TracebackType
@@ -39,7 +39,10 @@ def twin_init(cls: type, async_cls: type[Any], init: Callable[..., None]) -> Cal
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
 
-    __init__.__signature__ = inspect.signature(async_cls.__init__)  # type: ignore[attr-defined]
+    # The class's signature, not its __init__'s: a front door (`Collector`) adds its selectors there.
+    sig = inspect.signature(async_cls)
+    self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    __init__.__signature__ = sig.replace(parameters=[self_param, *sig.parameters.values()])  # type: ignore[attr-defined]
     __init__.__qualname__ = f"{cls.__qualname__}.__init__"
     __init__.__module__ = cls.__module__
     # The public path: an aiocollect class's __module__ is private until aiocollect's __getattr__ fixes it up.
@@ -128,7 +131,9 @@ class DataCollectorBase:
     Subclasses only name their async twin in ``_async_class``. Every method is one call
     through an anyio blocking portal (an event loop in a helper thread), so the blocking and
     async APIs share one implementation. Using a blocking collector from inside a running
-    event loop raises ``RuntimeError`` naming the async class to use instead.
+    event loop raises ``RuntimeError`` naming the async class to use instead. As TorchRL's
+    collectors, the constructor builds the envs and the policy (and starts worker
+    processes): an env or policy that cannot work fails there.
 
     Examples:
         >>> from aiocollect import SyncDataCollector
@@ -151,6 +156,13 @@ class DataCollectorBase:
         self._portal = Portal(f"{cls.__module__}.{cls.__qualname__}", f"aiocollect.{self._async_class.__qualname__}")
         self._context: Any = None
         self._opened_by_start = False
+        # As TorchRL's constructors do, build the envs and policy (and start the workers) now:
+        # a script sees a bad env or policy at construction, and `env`/`policy` are there to read.
+        try:
+            self._portal.call(self._async._ensure_started)
+        except BaseException:
+            self._portal.stop()
+            raise
 
     def __enter__(self) -> DataCollectorBase:
         self._context = self._portal.wrap_async_context_manager(self._async)
@@ -241,9 +253,34 @@ class DataCollectorBase:
                 self._opened_by_start = False
                 self.__exit__(None, None, None)
 
-    def update_policy_weights_(self, policy_or_weights: Any = None, *, weights: Any = None) -> None:
-        """Bring the collection policy up to date; see the async twin's method."""
-        self._portal.call(partial(self._async.update_policy_weights_, policy_or_weights, weights=weights))
+    def update_policy_weights_(
+        self,
+        policy_or_weights: Any = None,
+        *,
+        weights: Any = None,
+        policy: Any = None,
+        worker_ids: Any = None,
+        model_id: str | None = None,
+        weights_dict: dict[str, Any] | None = None,
+    ) -> None:
+        """Bring the collection policy up to date; see the async twin's method for every form and error."""
+        given = {"weights": weights, "policy": policy, "worker_ids": worker_ids, "model_id": model_id}
+        # Only the keywords given: a node collector's method takes fewer of them.
+        kwargs = {k: v for k, v in {**given, "weights_dict": weights_dict}.items() if v is not None}
+        self._portal.call(partial(self._async.update_policy_weights_, policy_or_weights, **kwargs))
+
+    @property
+    def policy_version(self) -> int:
+        """The collector's policy version (``+1`` per weight update); see the async twin's property."""
+        return self._async.policy_version
+
+    def get_policy_version(self) -> int:
+        """Return `policy_version` (TorchRL's method form)."""
+        return self._async.get_policy_version()
+
+    @property
+    def _weight_sync_schemes(self) -> dict[str, Any] | None:
+        return self._async._weight_sync_schemes  # TorchRL's attribute, read by code written for it
 
     def set_seed(self, seed: int) -> int:
         """Seed envs and random actions; see the async twin's method."""
@@ -261,9 +298,137 @@ class DataCollectorBase:
         """Restore a state dict produced by `state_dict`."""
         self._portal.call(self._async.load_state_dict, state_dict)
 
-    def stats(self) -> CollectorStats:
-        """Return a statistics snapshot."""
-        return self._portal.call(self._async.stats)
+    def fake_tensordict(self) -> TensorDictBase:
+        """A zero-filled batch shaped and keyed like this collector's; see the async twin's method.
+
+        Raises:
+            NotImplementedError: Worker-process collectors (their envs live in the workers), as in TorchRL.
+        """
+        fake = getattr(self._async, "fake_tensordict", None)
+        if fake is None:
+            raise NotImplementedError(
+                f"{type(self).__name__}.fake_tensordict() is not available: its envs live in worker processes; "
+                "collect one batch instead"
+            )
+        return self._portal.call(fake)
+
+    def stats(self, **options: Any) -> CollectorStats:
+        """Return a `CollectorStats` snapshot; see the async twin's method.
+
+        Args:
+            **options: The async twin's options: ``workers="aggregate"|"per_worker"|"both"``
+                for multi-worker collectors.
+        """
+        return self._portal.call(partial(self._async.stats, **options))
+
+    # -- TorchRL's collector API: hooks, profiling, remote helpers, attributes ------------------
+    @property
+    def pre_collect_hook(self) -> Any:
+        """Called with no argument before each batch, or ``None``; see the async twin's property."""
+        return self._async.pre_collect_hook
+
+    @pre_collect_hook.setter
+    def pre_collect_hook(self, hook: Any) -> None:
+        self._portal.call(setattr, self._async, "pre_collect_hook", hook)
+
+    @property
+    def post_collect_hook(self) -> Any:
+        """Called with each batch, or ``None``; see the async twin's property."""
+        return self._async.post_collect_hook
+
+    @post_collect_hook.setter
+    def post_collect_hook(self, hook: Any) -> None:
+        self._portal.call(setattr, self._async, "post_collect_hook", hook)
+
+    def set_post_collect_hook(self, hook: Any) -> None:
+        """Set `post_collect_hook` (TorchRL's method form of the setter)."""
+        self._portal.call(self._async.set_post_collect_hook, hook)
+
+    def enable_profile(self, **options: Any) -> None:
+        """Profile rollouts with ``torch.profiler``; takes the async twin's keyword arguments.
+
+        Args:
+            **options: ``workers``, ``num_rollouts``, ``warmup_rollouts``, ``save_path``,
+                ``activities``, ``record_shapes``, ``profile_memory``, ``with_stack``,
+                ``with_flops``, ``on_trace_ready``: see the async twin's method.
+        """
+        self._portal.call(partial(self._async.enable_profile, **options))
+
+    def disable_profile(self) -> None:
+        """Stop profiling (writing what was recorded); see the async twin's method."""
+        self._portal.call(self._async.disable_profile)
+
+    @property
+    def profile_config(self) -> Any:
+        """The `ProfileConfig` of `enable_profile`, or ``None``."""
+        return self._async.profile_config
+
+    def map_fn(self, method_name: str, list_of_args: Any = None, list_of_kwargs: Any = None) -> list[Any]:
+        """Call a method once per argument entry (per worker for multi-worker collectors); see the async twin."""
+        return self._portal.call(self._async.map_fn, method_name, list_of_args, list_of_kwargs)
+
+    def get_distant_attr(self, attr: str) -> Any:
+        """The object at an attribute path (one per worker for multi-worker collectors); see the async twin."""
+        return self._portal.call(self._async.get_distant_attr, attr)
+
+    def cascade_execute(self, attr_path: str, *args: Any, **kwargs: Any) -> Any:
+        """Call the callable at an attribute path of this collector; see the async twin's method."""
+        return self._portal.call(partial(self._async.cascade_execute, attr_path, *args, **kwargs))
+
+    def getattr_env(self, attr: str) -> Any:
+        """``getattr(env, attr)`` (worker 0's env for multi-worker collectors)."""
+        return self._portal.call(self._async.getattr_env, attr)
+
+    def getattr_policy(self, attr: str) -> Any:
+        """``getattr(policy, attr)`` (worker 0's policy for multi-worker collectors)."""
+        return self._portal.call(self._async.getattr_policy, attr)
+
+    def getattr_rb(self, attr: str) -> Any:
+        """``getattr(replay_buffer, attr)``."""
+        return self._portal.call(self._async.getattr_rb, attr)
+
+    def rollout(self) -> TensorDictBase | None:
+        """Collect one batch now, outside the frame budget; see the async twin's method."""
+        return self._portal.call(self._async.rollout)
+
+    def iterator(self) -> Iterator[TensorDictBase]:
+        """This collector as an iterator over its batches (TorchRL's ``iterator()``)."""
+        return self
+
+    @property
+    def env(self) -> Any:
+        """The in-process collector's env (a TorchRL env itself, with the collector's transforms)."""
+        return self._async.env
+
+    @property
+    def policy(self) -> Any:
+        """The collection policy."""
+        return self._async.policy
+
+    @property
+    def replay_buffer(self) -> Any:
+        """The replay buffer given to the constructor, or ``None``."""
+        return self._async.replay_buffer
+
+    @property
+    def worker_idx(self) -> int | None:
+        """The in-process collector's ``worker_idx``."""
+        return self._async.worker_idx
+
+    @property
+    def frames_per_batch(self) -> int:
+        """The in-process collector's steps per env in each batch (TorchRL's meaning)."""
+        return self._async.frames_per_batch
+
+    @property
+    def requested_frames_per_batch(self) -> int:
+        """Frames in each batch, across the env batch (and workers)."""
+        return self._async.requested_frames_per_batch
+
+    @property
+    def total_frames(self) -> int | float:
+        """The frame budget (``float("inf")`` for an endless collector)."""
+        return self._async.total_frames
 
     def __len__(self) -> int:
         return len(self._async)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import math
 import time
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import anyio
@@ -17,16 +18,25 @@ from .._core._loops import in_event_loop
 from .._core._seeding import SeedPlan, check_seed
 from .._core._threads import ThreadLane, to_thread
 from .._envs._base import AsyncBatchedEnv
+from .._envs._torchrl import TorchRLEnv
 from .._rollout._config import make_env, validate_config
+from .._rollout._factory import make_rollout
 from .._rollout._policy import PolicyAdapter
 from .._rollout._rollout import Rollout, TrajCounter
 from .._rollout._stream import StreamRollout, barrier_free_rollout
+from .._workers._updates import restore_version
+from ._api import InProcessAttributes
+from ._batches import InProcessBatches
+from ._dispatch import FrontDoor
 from ._lifecycle import CollectorLifecycle
+from ._weight_sync import WeightUpdate, WeightUpdates
 
 __all__ = ["Collector"]
 
 
-class Collector(CollectorLifecycle):
+class Collector(
+    InProcessAttributes, InProcessBatches, WeightUpdates, CollectorLifecycle, metaclass=FrontDoor, targets="aiocollect"
+):
     """Collect batches of experience from environments in this process, without blocking the loop.
 
     Env stepping and policy inference run in a worker thread (or, for an `AsyncBatchedEnv`,
@@ -43,12 +53,35 @@ class Collector(CollectorLifecycle):
     batch starts only when you ask for it, so an on-policy trainer always collects with the
     weights it just trained.
 
+    ``Collector(...)`` is also TorchRL 0.14's front door to every collector: ``backend``,
+    ``num_collectors``, ``sync`` and ``backend_options`` build `MultiSyncCollector`,
+    `MultiAsyncCollector`, `RayCollector`, `RPCCollector` or `DistributedCollector` instead,
+    and the object returned keeps that type (it is not a `Collector`). The backend is
+    ``backend`` if given, else that of an enclosing ``torchrl.service_backend(...)`` block,
+    else ``"process"`` if ``num_collectors`` is given, else ``"direct"`` (this class).
+    Every argument is checked before anything is built. Subclasses do not dispatch.
+
     Args:
         create_env_fn: A gymnasium env id, a ``gymnasium.Env``/``VectorEnv``, a `BatchedEnv`
             or `AsyncBatchedEnv`, or a callable returning one (called with
             ``create_env_kwargs``).
         policy: ``None`` (random actions), an ``nn.Module`` mapping observations to actions,
             or a TensorDict callable (e.g. a ``TensorDictModule``) that writes ``"action"``.
+        backend: Which collector to build: ``"direct"`` (this class, one env factory),
+            ``"process"`` (alias ``"multiprocessing"``: `MultiSyncCollector` if ``sync`` else
+            `MultiAsyncCollector`), ``"ray"`` (`RayCollector`), ``"rpc"`` (`RPCCollector`),
+            ``"distributed"`` (`DistributedCollector`) or ``"submitit"`` (`DistributedCollector`
+            with ``launcher="submitit"``). ``None``: see above.
+        backend_options: More arguments of the chosen class (e.g. ``{"remote_configs": ...}``
+            for Ray, ``{"launcher": "mp"}`` for distributed, ``{"backend": "inline"}`` for
+            process); the caller's dict is left unchanged. Not for ``"direct"``; a key also given
+            as an argument, or a reserved one (``sync``, ``num_collectors``, ``num_workers``,
+            ``backend_options``), raises ``ValueError``.
+        num_collectors: How many collectors (worker processes or nodes) to run, a positive int:
+            a single ``create_env_fn`` is used by each; a list of factories must have this
+            length. Given without ``backend``, it selects ``"process"``.
+        sync: With a non-direct backend, deliver every collector's batch together (``True``)
+            or whichever collector's batch is ready first (``False``, the default).
         frames_per_batch: Frames per batch, rounded up to a multiple of the env batch size.
         total_frames: Frame budget; ``-1`` for endless collection.
         max_frames_per_traj: Truncate (and reset) trajectories after this many steps; adds
@@ -82,6 +115,43 @@ class Collector(CollectorLifecycle):
         traj_format: ``"padded"`` (default: ``[N, max_len]`` with ``("collector", "mask")``)
             or ``"cat"`` (trajectories concatenated along one flat dim).
         trajs_per_write: With a replay buffer: complete trajectories per ``extend`` (default 1).
+        policy_factory: A zero-argument callable that builds the policy in the collector's
+            thread (instead of ``policy``), as worker processes build theirs.
+        use_buffers: TorchRL envs: preallocate each batch and stack steps into it (default:
+            unless the env has dynamic specs); ``False`` stacks steps as they come, so batches
+            may be lazily stacked. Other envs always write into preallocated storage.
+        compact_obs: Leave the next observations (``("next", <observation>)``) out of
+            batches: each is the root observation of the following step.
+        trust_policy: Use the policy's outputs as they come: no wrapping of a plain module
+            for TorchRL envs, no check against the action spec otherwise. Default: only for
+            TorchRL's ``RandomPolicy`` and ``CudaGraphModule``.
+        compile_policy: ``True`` or ``torch.compile`` keyword arguments: compile the policy
+            (TorchRL envs; with a warm-up, as TorchRL does).
+        cudagraph_policy: ``True`` or keyword arguments: wrap the policy in tensordict's
+            ``CudaGraphModule`` (TorchRL envs; on a machine without CUDA it warns and runs
+            the policy as it is, as in TorchRL).
+        track_policy_version: TorchRL envs: ``True`` appends TorchRL's ``PolicyVersion``
+            transform (each frame then holds its ``"policy_version"``); a ``PolicyVersion``
+            instance is appended as given. Every frame also holds aiocollect's own
+            ``("collector", "policy_version")`` whatever this says.
+        return_same_td: Yield the same TensorDict every batch, overwritten in place (no copy;
+            keep what you need before the next batch). Not with a replay buffer.
+        no_cuda_sync: Accepted for TorchRL compatibility: aiocollect never calls
+            ``torch.cuda.synchronize`` while collecting.
+        auto_register_policy_transforms: TorchRL envs with a recurrent policy: ``True``
+            appends the ``InitTracker`` and primer transforms the policy needs; ``None``
+            (default) warns (``FutureWarning``) that they are missing; ``False`` neither.
+        track_provenance: Record each frame's ``("collector", "worker_id")`` and
+            ``("collector", "policy_version")`` (the worker and the weights that collected it).
+            ``None`` (default): on, except for TorchRL envs, whose batches keep exactly
+            TorchRL's keys unless ``True``.
+        pre_collect_hook: Called with no argument before each batch (see `pre_collect_hook`).
+        post_collect_hook: Called with each batch as it is yielded, or written to the replay
+            buffer (see `post_collect_hook`).
+        worker_idx: This collector's index among others (TorchRL's; read back as `worker_idx`).
+        weight_sync_schemes: TorchRL's ``{"policy": scheme}``: shared-memory or multiprocess schemes
+            load the weights; ``NoWeightSyncScheme`` ignores updates (see `update_policy_weights_`).
+        weight_updater: TorchRL's deprecated ``WeightUpdaterBase``, which then pushes the weights.
 
     Raises:
         TypeError: An argument has the wrong type (raised before any env is built).
@@ -125,7 +195,28 @@ class Collector(CollectorLifecycle):
         trajs_per_batch: int | None = None,
         traj_format: str | None = None,
         trajs_per_write: int | None = None,
+        policy_factory: Any = None,
+        use_buffers: bool | None = None,
+        compact_obs: bool = False,
+        trust_policy: bool | None = None,
+        compile_policy: bool | dict[str, Any] | None = None,
+        cudagraph_policy: bool | dict[str, Any] | None = None,
+        track_policy_version: Any = False,
+        return_same_td: bool = False,
+        no_cuda_sync: bool = False,
+        auto_register_policy_transforms: bool | None = None,
+        track_provenance: bool | None = None,
+        pre_collect_hook: Callable[[], Any] | None = None,
+        post_collect_hook: Callable[[TensorDictBase], Any] | None = None,
+        worker_idx: int | None = None,
+        weight_sync_schemes: dict[str, Any] | None = None,
+        weight_updater: Any = None,
     ) -> None:
+        if policy_factory is not None:
+            if policy is not None:
+                raise TypeError("policy_factory cannot be used with policy; give one of them")
+            if not callable(policy_factory):
+                raise TypeError(f"policy_factory must be a zero-argument callable, got {policy_factory!r}")
         self._cfg = validate_config(
             create_env_fn=create_env_fn, policy=policy, frames_per_batch=frames_per_batch,
             total_frames=total_frames, max_frames_per_traj=max_frames_per_traj,
@@ -135,10 +226,23 @@ class Collector(CollectorLifecycle):
             policy_device=policy_device, storing_device=storing_device,
             create_env_kwargs=create_env_kwargs, set_truncated=set_truncated,
             track_traj_ids=track_traj_ids, max_queued_batches=max_queued_batches,
-            shutdown_timeout=shutdown_timeout,
+            shutdown_timeout=shutdown_timeout, use_buffers=use_buffers, compact_obs=compact_obs,
+            trust_policy=trust_policy, compile_policy=compile_policy, cudagraph_policy=cudagraph_policy,
+            track_policy_version=track_policy_version, return_same_td=return_same_td, no_cuda_sync=no_cuda_sync,
+            auto_register_policy_transforms=auto_register_policy_transforms, track_provenance=track_provenance,
         )  # fmt: skip
         cfg = self._cfg
+        if return_same_td and replay_buffer is not None:
+            raise ValueError("return_same_td=True yields the collector's own buffers, a replay buffer takes copies; "
+                             "drop one of them")  # fmt: skip
+        self._policy_factory = policy_factory
+        if worker_idx is not None and (isinstance(worker_idx, bool) or not isinstance(worker_idx, int)):
+            raise TypeError(f"worker_idx must be an int or None, got {worker_idx!r}")
+        self._worker_idx = worker_idx
+        self.pre_collect_hook, self.post_collect_hook = pre_collect_hook, post_collect_hook
+        self._same_out: Any = None  # return_same_td: the batch storage handed out every time
         self._policy = PolicyAdapter(policy, policy_device=cfg.policy_device, exploration_type=cfg.exploration_type)
+        self._init_weight_sync("Collector", weight_sync_schemes, weight_updater, workers=False)
         self._counter = TrajCounter()
         self._generator = torch.Generator()
         self._generator.seed()
@@ -156,28 +260,38 @@ class Collector(CollectorLifecycle):
     # -- lifecycle -----------------------------------------------------------------------------
     def _build(self) -> None:
         cfg = self._cfg
+        if self._policy_factory is not None:
+            # Built where it runs, as a worker process builds its own (the factory may hold what
+            # cannot be pickled or shared).
+            adapter = PolicyAdapter(
+                self._policy_factory(), policy_device=cfg.policy_device, exploration_type=cfg.exploration_type
+            )
+            adapter.version, self._policy = self._policy.version, adapter  # load_state_dict may have set it
+        self._policy.trusted = bool(cfg.trust_policy)
         env = make_env(cfg)
         if isinstance(env, AsyncBatchedEnv):
             env.cancel_grace = cfg.shutdown_timeout
         try:
-            self._policy.bind(env.spec, counts_steps=cfg.max_frames_per_traj is not None)
             if getattr(env, "min_ready", None) is not None:
+                self._policy.bind(env.spec, counts_steps=cfg.max_frames_per_traj is not None)
                 self._rollout = barrier_free_rollout(env, self._policy, cfg, self._counter, self._generator,
                                                      self._lane.stop)  # fmt: skip
-                self._env = env
-                self._apply_seeds()
-                return
-            steps = math.ceil(cfg.frames_per_batch / max(1, env.spec.numel))
-            self._rollout = Rollout(
-                env, self._policy, steps=steps, traj_counter=self._counter, generator=self._generator,
-                max_frames_per_traj=cfg.max_frames_per_traj, set_truncated=cfg.set_truncated,
-                reset_at_each_iter=cfg.reset_at_each_iter, env_device=cfg.env_device,
-                storing_device=cfg.storing_device, track_traj_ids=cfg.track_traj_ids, stop=self._lane.stop,
-            )  # fmt: skip
+            else:
+                rollout = make_rollout(
+                    env, self._policy, cfg, traj_counter=self._counter, generator=self._generator,
+                    stop=self._lane.stop, storing_device=cfg.storing_device,
+                )  # fmt: skip
+                if isinstance(env, TorchRLEnv):
+                    # TorchRL's collectors reset the env and dry-run the policy when they start: a
+                    # policy that does not fit the env fails there, not at the first batch.
+                    rollout.prepare()
+                self._rollout = rollout
         except BaseException:
             env.close()
             raise
         self._env = env
+        self._set_policy_version(self._policy.version)  # a PolicyVersion transform starts from it
+        self._hidden = getattr(self._rollout, "hidden_keys", ())
         self._apply_seeds()
 
     async def _start(self) -> None:
@@ -231,9 +345,12 @@ class Collector(CollectorLifecycle):
         rollout = self._rollout
         assert rollout is not None
         random = self._policy.is_random or self._init_random()
+        if self._pre_collect_hook is not None:
+            await self._lane.run(self._pre_collect_hook)
         start = time.perf_counter()
-        post = self._needs_post()
-        if self._batch_rb is not None and self._batch_rb.direct_writes and rollout.buf is not None and not post:
+        post, hooked = self._needs_post(), self._post_hooks_set()  # a hook needs the batch as one TensorDict
+        rb = self._batch_rb
+        if rb is not None and rb.direct_writes and rollout.buf is not None and not (post or hooked):
             await self._collect_into_buffer(rollout, random, start)
             return None
         if isinstance(rollout, StreamRollout):
@@ -246,59 +363,30 @@ class Collector(CollectorLifecycle):
             rollout.spawn = self._tg.start_soon
         if isinstance(rollout.env, AsyncBatchedEnv):
             batch = await rollout.acollect(random, self._lane.run)
+        elif self._cfg.return_same_td and not post:
+            batch = await self._lane.run(self._collect_same, rollout, random)
         else:
             batch = await self._lane.run(rollout.collect, random)
+        frames = batch.numel()
+        if hooked and (self._batch_rb is not None or self._torchrl_rb is not None):  # hooked before it is written
+            batch, post = await self._lane.run(self._post_and_hooks, batch, post), False
         # The first batch (which fixes the storage layout) and post-processed batches are
         # copied into a replay buffer; later batches are written straight into its rows.
-        return await self._deliver(batch, batch.numel(), start, post=post, run=self._lane.run)
-
-    async def _collect_into_buffer(self, rollout: Rollout, random: bool, start: float) -> None:
-        rb = self._batch_rb
-        shape = (*rollout.B, rollout.T)
-        if not self._layout_checked:
-            rb.storage.check_layout([(k, s[len(shape) :], d) for k, s, d in rollout.output_layout()])
-            self._layout_checked = True
-        res = await rb.reserve(math.prod(shape), shape)
-        if self._paused:  # paused while waiting for room: hold nothing, write nothing
-            rb.abort(res)
-            return None
-        self._bg_holding = True
-        try:
-            views = rb.storage.views(res.pieces, shape)
-            if isinstance(rollout.env, AsyncBatchedEnv):
-                batch = await rollout.acollect(random, self._lane.run, out=views)
-            elif views is not None:  # straight into the buffer's rows, no TensorDict around them
-                await self._lane.run(rollout.collect_into, random, views)
-            else:
-                batch = await self._lane.run(rollout.collect, random, None)
-            if views is None:  # the rows wrap around the end of the ring: copy in two pieces
-                leaves = batch.items(include_nested=True, leaves_only=True)
-                rb.storage.write(res.pieces, {k: v.reshape(res.n, *v.shape[len(shape) :]) for k, v in leaves})
-        except BaseException:
-            rb.abort(res)
-            raise
-        finally:
-            self._bg_holding = False
-        rb.commit(res)
-        self._count(res.n, time.perf_counter() - start)
+        out = await self._deliver(batch, frames, start, post=post, run=self._lane.run)
+        if hooked and out is not None:  # the very object iteration yields
+            await self._lane.run(self._run_post_hooks, out)
+        return out
 
     # -- control -------------------------------------------------------------------------------
-    async def update_policy_weights_(self, policy_or_weights: Any = None, *, weights: Any = None) -> None:
-        """Bring the collection policy up to date and bump the policy version.
-
-        With no argument the collector's policy copy (if one was made for ``policy_device``)
-        is refreshed from the policy you passed in; a policy that was not copied is already
-        the live module. Explicit weights (an ``nn.Module``, a state dict or a TensorDict from
-        ``TensorDict.from_module``) are loaded into the collection policy. The update never
-        lands in the middle of a policy call; frames record the version they were collected
-        with in ``("collector", "policy_version")``.
-
-        Args:
-            policy_or_weights: Weights to load, or ``None``.
-            weights: Same as ``policy_or_weights`` (TorchRL's keyword).
-        """
-        w = self._weights_argument(policy_or_weights, weights)
-        await to_thread(self._policy.update_weights, w)
+    async def _send_update(self, update: WeightUpdate) -> None:
+        # In process: load into the collection policy (never during a policy call), or let a
+        # weight_updater push; {0: weights} is this collector's own per-worker form.
+        source = update.source if update.per_worker is None else update.per_worker[0]
+        load = partial(self._policy.update_weights, updater=self._weight_sync.updater, worker_ids=update.worker_ids)
+        await to_thread(load, source)
+        applied = getattr(self._rollout, "weights_applied", None)
+        if applied is not None:
+            applied()
         if self._rb is not None:
             self._rb.policy_version = self._policy.version
 
@@ -344,6 +432,8 @@ class Collector(CollectorLifecycle):
 
     def _set_policy_version(self, version: int) -> None:
         self._policy.version = version
+        if self._rollout is not None:
+            restore_version(self._rollout, version)
 
     def _extra_state(self) -> dict[str, Any]:
         return {"traj_pool": self._counter.next, "generator_state": self._generator.get_state()}

@@ -14,11 +14,14 @@ from types import TracebackType
 from typing import Any
 
 import anyio
+import torch
 from anyio.abc import TaskGroup
 from tensordict import TensorDictBase
 
+from .._buffer._torchrl import TorchRLBufferSink
 from .._core._errors import CollectorClosedError
 from .._core._stats import CollectorStats
+from ._api import CollectorAPI
 from ._background import BackgroundMixin
 from ._pipeline import BatchPipeline
 from ._trajs import TrajectoryAssembler, check_traj_args
@@ -27,6 +30,37 @@ __all__ = ["CollectorLifecycle"]
 
 
 _NOTHING = object()  # the frame budget ran out before a whole batch of trajectories
+_WORKER_ID = ("collector", "worker_id")
+
+
+class _WorkerTrajectories(TrajectoryAssembler):
+    """A `TrajectoryAssembler` that keeps each worker's unfinished episodes apart.
+
+    An env row's episode goes on in the same row of the next batch from the same workers, but
+    a `MultiAsyncCollector` delivers one worker's batch at a time: row 0 of two batches may be
+    two workers' envs. So unfinished episodes are kept per set of ``("collector", "worker_id")``
+    the batch comes from (one worker, a node's workers, or all of them, stacked in the same
+    order every time), then per row. Finished episodes share one queue, in completion order.
+    """
+
+    def __init__(self, trajs_per_batch: int, traj_format: str | None, trajs_per_write: int | None) -> None:
+        super().__init__(trajs_per_batch, traj_format, trajs_per_write)
+        self._by_source: dict[tuple[int, ...], dict[int, Any]] = {(): self._partial}
+
+    def add(self, batch: TensorDictBase) -> None:
+        """Cut a ``[*B, T]`` batch into episodes, continuing its workers' unfinished ones."""
+        ids = batch.get(_WORKER_ID, None)
+        source = () if ids is None else tuple(torch.unique(ids).tolist())
+        # The base class keeps unfinished episodes in self._partial, by env row: it gets the
+        # rows of this batch's workers.
+        self._partial = self._by_source.setdefault(source, {})
+        super().add(batch)
+
+    def reset(self) -> None:
+        """Drop every worker's unfinished episodes and the queued trajectories."""
+        super().reset()
+        for partial in self._by_source.values():
+            partial.clear()
 
 
 class _Failure:
@@ -36,7 +70,7 @@ class _Failure:
         self.exc = exc
 
 
-class CollectorLifecycle(BackgroundMixin, BatchPipeline):
+class CollectorLifecycle(CollectorAPI, BackgroundMixin, BatchPipeline):
     """Base of the async collectors (not public): lifecycle, iteration and statistics."""
 
     _total_frames: float
@@ -57,6 +91,7 @@ class CollectorLifecycle(BackgroundMixin, BatchPipeline):
         postprocessing: bool = False,
     ) -> None:
         self._init_background(replay_buffer)
+        self._user_rb = replay_buffer
         rb = self._rb
         check_traj_args(trajs_per_batch, traj_format, trajs_per_write, rb.storage.ndim if rb is not None else None)
         if not isinstance(extend_buffer, bool):
@@ -66,9 +101,13 @@ class CollectorLifecycle(BackgroundMixin, BatchPipeline):
                 "extend_buffer=False writes frames into the buffer step by step, without postproc, split_trajs "
                 "or trajs_per_batch; drop those or keep extend_buffer=True"
             )
-        self._traj = (
-            None if trajs_per_batch is None else TrajectoryAssembler(trajs_per_batch, traj_format, trajs_per_write)
-        )
+        # A TorchRL buffer is written as TorchRL's collectors write it (see _deliver_parts),
+        # which regroups finished trajectories itself: the assembler hands them over one by one.
+        self._torchrl_rb = rb if isinstance(rb, TorchRLBufferSink) else None
+        self._extend_buffer = extend_buffer
+        self._trajs_per_write = trajs_per_write
+        per_write = 1 if self._torchrl_rb is not None else trajs_per_write
+        self._traj = None if trajs_per_batch is None else _WorkerTrajectories(trajs_per_batch, traj_format, per_write)
         # Raw mode: the collector hands back plain batches, and _next_item turns them into
         # trajectories or step-by-step buffer writes. Otherwise batches go to the buffer whole.
         self._raw_mode = self._traj is not None or (rb is not None and not extend_buffer)
@@ -178,6 +217,8 @@ class CollectorLifecycle(BackgroundMixin, BatchPipeline):
         self._stop_background()
         with anyio.CancelScope(shield=True):
             await self._close_resources()
+        if self._profiler is not None:  # an in-process profiler still recording writes what it has
+            self._profiler.stop()
 
     def _finalize(self) -> bool:
         """Close synchronously, without waiting on anything (garbage collection); True if it was open."""
@@ -218,9 +259,9 @@ class CollectorLifecycle(BackgroundMixin, BatchPipeline):
         rb = self._rb
         while not self._exhausted():
             raw = await self._collect_one()
-            if raw is None:  # paused before anything was collected
+            if raw is None:  # paused before anything was collected, or written to a TorchRL buffer
                 return None
-            if self._traj is None:  # extend_buffer=False: one write per time step, as TorchRL's add
+            if self._traj is None:  # extend_buffer=False: each time step's frames are one write
                 for t in range(raw.shape[-1]):
                     await rb.extend(raw[..., t])
                 return None
@@ -258,6 +299,7 @@ class CollectorLifecycle(BackgroundMixin, BatchPipeline):
 
     async def __anext__(self) -> TensorDictBase:
         self._check_not_background()
+        self._iteration_started = True
         if self._tg is not None:
             if self._closed:
                 raise StopAsyncIteration
@@ -285,6 +327,33 @@ class CollectorLifecycle(BackgroundMixin, BatchPipeline):
             raise StopAsyncIteration
         return item
 
+    async def rollout(self) -> Any:
+        """Collect one batch now and return it (``None`` if it went to the replay buffer).
+
+        It counts as a batch of iteration (frames, ``postproc``, hooks) but ignores the frame
+        budget, as TorchRL's ``rollout()`` does; with ``trajs_per_batch`` it returns the next
+        batch of trajectories (``None`` if the budget ends first). Not inside ``async with``,
+        whose task collects: call `next` there.
+
+        Raises:
+            RuntimeError: The collector is open with ``async with`` or collecting in the background.
+        """
+        if self._tg is not None:
+            raise RuntimeError(
+                f"rollout() collects outside iteration, but this {type(self).__name__} is open with 'async with', "
+                "whose task collects; call next() instead"
+            )
+        self._check_not_background()
+        self._iteration_started = True
+        item = await self._next_item()
+        return None if item is _NOTHING else item
+
+    def start(self) -> None:
+        super().start()
+        self._iteration_started = True  # enable_profile() comes too late from now on
+
+    start.__doc__ = BackgroundMixin.start.__doc__  # its documentation, not a second copy
+
     # -- reporting ---------------------------------------------------------------------------
     def _count(self, frames: int, seconds: float) -> None:
         self._frames += frames
@@ -293,17 +362,24 @@ class CollectorLifecycle(BackgroundMixin, BatchPipeline):
         self._batch_done()
 
     def stats(self) -> CollectorStats:
-        """Return a `CollectorStats` snapshot (frames, batches, frames/s, policy version)."""
+        """Return a `CollectorStats` snapshot: frames, batches, budget, policy version, frames/s.
+
+        Cheap, safe to call at any time, and JSON-serialisable (TorchRL's ``stats()`` keys).
+        """
+        return CollectorStats(self._stats_fields())
+
+    def _stats_fields(self) -> dict[str, Any]:
         total = self._total_frames
-        return CollectorStats(
-            frames=self._frames,
-            batches=self._batches,
-            total_frames=None if math.isinf(total) else int(total),
-            frames_per_second=self._frames / self._collect_time if self._collect_time else 0.0,
-            policy_version=self._policy_version(),
-            completed=self._exhausted(),
+        return {
+            "frames": self._frames,
+            "batches": self._batches,
+            "total_frames": None if math.isinf(total) else int(total),
+            "completed": self._exhausted(),
+            "requested_frames_per_batch": self.requested_frames_per_batch,
+            "policy_version": self._policy_version(),
+            "frames_per_second": self._frames / self._collect_time if self._collect_time else 0.0,
             **self._env_counts(),
-        )
+        }
 
     def _env_counts(self) -> dict[str, Any]:
         """Env steps recorded as truncations instead of raised; collectors that own an env say."""

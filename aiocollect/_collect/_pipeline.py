@@ -26,8 +26,13 @@ class BatchPipeline:
 
     _cfg: Any  # a CollectorConfig: storing_device, split_trajs, postproc
     _batch_rb: Any
+    _torchrl_rb: Any  # a TorchRLBufferSink, or None
+    _traj: Any  # a TrajectoryAssembler handing finished trajectories over one by one, or None
+    _extend_buffer: bool
+    _trajs_per_write: int | None
     _frames: int
     _batches: int
+    _hidden: tuple[Any, ...] = ()  # columns kept for the collector, left out of delivered batches
 
     # -- hooks -------------------------------------------------------------------------------
     def _count(self, frames: int, seconds: float) -> None:
@@ -53,6 +58,16 @@ class BatchPipeline:
         """The policy module was just loaded with ``state`` (workers may need them too)."""
 
     # -- the pipeline ------------------------------------------------------------------------
+    def _without_hidden(self, batch: TensorDictBase) -> TensorDictBase:
+        """``batch`` without the columns the collector keeps for itself (and no empty "collector" left)."""
+        if not self._hidden:
+            return batch
+        batch = batch.exclude(*self._hidden)
+        group = batch.get("collector", None)
+        if group is not None and group.is_empty():  # TorchRL's batch with track_traj_ids=False has none
+            batch = batch.exclude("collector")
+        return batch
+
     def _needs_post(self) -> bool:
         cfg = self._cfg
         return bool(cfg.split_trajs) or cfg.postproc is not None
@@ -80,6 +95,10 @@ class BatchPipeline:
         self, batch: TensorDictBase, frames: int, start: float, *, post: bool, run: Callable[..., Any] = to_thread
     ) -> TensorDictBase | None:
         """Post-process (if ``post``, with ``run``), write to the buffer or return it, and count ``frames``."""
+        batch = self._without_hidden(batch)
+        if self._torchrl_rb is not None:
+            await self._deliver_parts([batch], frames, start, post=post, run=run)
+            return None
         if post:
             batch = await run(self._post, batch)
         if self._batch_rb is not None:
@@ -88,6 +107,33 @@ class BatchPipeline:
             return None
         self._count(frames, time.perf_counter() - start)
         return batch
+
+    async def _deliver_parts(
+        self, parts: list[TensorDictBase], frames: int, start: float, *, post: bool, run: Callable[..., Any] = to_thread
+    ) -> None:
+        """Write each worker's ``[*B, T]`` batch to the TorchRL buffer, in order, and count ``frames``.
+
+        Exactly what each of TorchRL's collector workers does with its own batch: post-process
+        it (if ``post``), then one ``extend`` (``extend_buffer=True``), one ``add`` per time
+        step (``extend_buffer=False``), or, with ``trajs_per_batch``, the trajectories it
+        completed, as flat runs of frames, ``trajs_per_write`` per ``extend`` (default: all).
+        """
+        rb = self._torchrl_rb
+        parts = [self._without_hidden(part) for part in parts]
+        for part in parts:
+            if post:
+                part = await run(self._post, part)
+            if self._traj is not None:
+                self._traj.add(part)
+                trajs = self._traj.pop_writes()  # one finished trajectory each
+                k = self._trajs_per_write or max(1, len(trajs))
+                groups = [trajs[i : i + k] for i in range(0, len(trajs), k)]
+                await rb.extend_each([g[0] if len(g) == 1 else torch.cat(g, 0) for g in groups])
+            elif self._extend_buffer:
+                await rb.extend(part)
+            else:
+                await rb.add_steps(part)
+        self._count(frames, time.perf_counter() - start)
 
     @staticmethod
     def _weights_argument(policy_or_weights: Any, weights: Any) -> Any:

@@ -32,6 +32,7 @@ def check_traj_args(trajs_per_batch: Any, traj_format: Any, trajs_per_write: Any
     check_int("trajs_per_batch", trajs_per_batch, allow_none=True)
     if traj_format is not None and traj_format not in _FORMATS:
         raise ValueError(f"traj_format must be 'padded' or 'cat', got {traj_format!r}")
+
     check_int("trajs_per_write", trajs_per_write, allow_none=True)
     if storage_ndim == 2:
         raise ValueError(

@@ -71,10 +71,14 @@ class EnvTimeoutError(AiocollectError, TimeoutError):
     """Raised when an async env's step runs past its pool's ``step_timeout`` (the env is named)."""
 
 
-class WorkerError(AiocollectError):
+class WorkerError(AiocollectError, RuntimeError):
     """Raised when a collector worker fails: its env or policy raised, it died, or it hung.
 
-    Every worker failure is a `WorkerError`, so one ``except WorkerError`` catches them all.
+    Every worker failure is a `WorkerError`, so one ``except WorkerError`` catches them all;
+    it is also a ``RuntimeError``, what TorchRL's collectors raise for a failed worker. A
+    failure while the worker starts (building its env or policy) is also an instance of the
+    original exception's built-in type (a ``TypeError`` from a policy that does not fit the
+    env is caught by ``except TypeError``), as TorchRL re-raises start-up errors.
     When the worker's code raised, its original exception (with the worker's traceback) is
     attached as ``__cause__``. `WorkerCrashedError` (the process died without reporting an
     error) and `WorkerTimeoutError` (no progress within ``worker_timeout``) are subclasses.
@@ -97,6 +101,10 @@ class WorkerError(AiocollectError):
         self.others: tuple[BaseException, ...] = ()
         where = f" at step {step}" if step is not None else ""
         super().__init__(f"worker {worker_id} (pid {pid}) failed{where}: {error}")
+
+    def __str__(self) -> str:
+        # The message as given, also when combined with a type that formats its own (KeyError quotes it).
+        return BaseException.__str__(self)
 
 
 class WorkerCrashedError(WorkerError):
@@ -196,13 +204,14 @@ def worker_error_from_message(worker_id: int, pid: int | None, msg: Any) -> Work
     import pickle
 
     step, payload, text, tb = msg.step, msg.exception, msg.summary, msg.traceback
-    err = WorkerError(worker_id, pid, step, str(text))
     original: BaseException | None = None
     if payload is not None:
         try:
             original = pickle.loads(payload)
         except Exception:
             original = None
+    kind = _start_up_kind(type(original)) if original is not None and step is None else WorkerError
+    err = kind(worker_id, pid, step, str(text))
     cause = _RemoteTraceback(str(tb))
     if original is not None:
         original.__cause__ = cause
@@ -210,6 +219,23 @@ def worker_error_from_message(worker_id: int, pid: int | None, msg: Any) -> Work
     else:
         err.__cause__ = cause
     return err
+
+
+_KINDS: dict[type[BaseException], type[WorkerError]] = {}
+
+
+def _start_up_kind(original: type[BaseException]) -> type[WorkerError]:
+    """`WorkerError` that is also ``original`` (a plain built-in exception type), or `WorkerError` itself."""
+    if original.__module__ != "builtins" or not issubclass(original, Exception) or issubclass(original, WorkerError):
+        return WorkerError
+    kind = _KINDS.get(original)
+    if kind is None:
+        try:
+            kind = type(f"WorkerError[{original.__name__}]", (WorkerError, original), {"__module__": "aiocollect"})
+        except TypeError:  # a built-in with its own instance layout (OSError, ...): no combination
+            kind = WorkerError
+        _KINDS[original] = kind
+    return kind
 
 
 def _internal_prefixes() -> tuple[str, ...]:

@@ -1,4 +1,4 @@
-"""The frozen statistics record every collector returns from ``stats()``."""
+"""The statistics snapshots collectors and buffers return from ``stats()``."""
 
 from __future__ import annotations
 
@@ -8,18 +8,40 @@ from typing import Any
 __all__ = ["BufferStats", "CollectorStats"]
 
 
-@dataclass(frozen=True)
-class CollectorStats:
-    """A snapshot of a collector's counters; cheap to take and safe to keep.
+#: What a key that does not apply reads as through attribute access (``stats.workers`` of an
+#: in-process collector is 0): the record keeps the attribute API it had as a dataclass.
+_NEUTRAL: dict[str, Any] = {
+    "total_frames": None,
+    "workers": 0,
+    "workers_alive": 0,
+    "restarts": 0,
+    "dropped_batches": 0,
+    "stalled_workers": (),
+    "env_errors": 0,
+    "env_timeouts": 0,
+}
+_READ_ONLY = "CollectorStats is a read-only snapshot; copy it with dict(stats) to change it"
+
+
+class CollectorStats(dict[str, Any]):
+    """A snapshot of a collector's counters: a read-only dict whose keys are also attributes.
+
+    It reads as TorchRL's ``stats()`` dict (``stats["frames"]``, ``stats.get("policy_version")``,
+    ``dict(stats)``, ``json.dumps(stats)``) and as a record (``stats.frames``). It is cheap to
+    take, safe to keep and never changes: a new call gives a new snapshot. A key is present
+    only where it applies; attribute access to one that does not gives its neutral value
+    (``stats.total_frames`` is ``None`` for an endless collector, ``stats.workers`` is 0 for an
+    in-process one), and ``stats["total_frames"]`` raises ``KeyError`` there, as in TorchRL.
 
     Attributes:
         frames: Frames collected so far (delivered or queued).
         batches: Batches collected so far.
-        total_frames: The frame budget, or ``None`` for an endless collector.
-        frames_per_second: Frames divided by the time spent collecting them.
-        policy_version: The current policy version (bumped by each weight update).
+        total_frames: The frame budget (absent for an endless collector).
         completed: Whether the frame budget has been reached.
-        workers: Number of worker processes (0 for in-process collectors).
+        requested_frames_per_batch: Frames per batch, across the env batch (and workers).
+        policy_version: The current policy version (bumped by each weight update).
+        frames_per_second: Frames divided by the time spent collecting them.
+        workers: Number of worker processes (multi-worker collectors).
         workers_alive: Worker processes currently running (stalled ones included).
         restarts: Workers restarted by supervision (``restart_workers``).
         dropped_batches: In-flight batches lost with crashed workers (never delivered).
@@ -31,30 +53,51 @@ class CollectorStats:
         env_timeouts: Env steps that ran past ``step_timeout`` and were recorded as
             truncations (``on_timeout="truncate"``; in-process collectors).
 
+    ``stats(workers="per_worker")`` or ``"both"`` of a multi-worker collector adds
+    ``"worker_<i>/<metric>"`` keys (``frames``, ``batches``, ``requested_frames_per_batch``,
+    ``policy_version``, ``alive``, ``restarts`` of worker ``i``).
+
     Examples:
+        >>> import json
         >>> s = CollectorStats(frames=100, batches=1, total_frames=None, frames_per_second=1e3,
         ...                    policy_version=0, completed=False)
-        >>> s.as_dict()["frames"]
-        100
+        >>> s.frames, s["frames"], s.total_frames, "total_frames" in s
+        (100, 100, None, False)
+        >>> json.loads(json.dumps(s))["batches"]
+        1
     """
 
-    frames: int
-    batches: int
-    total_frames: int | None
-    frames_per_second: float
-    policy_version: int
-    completed: bool
-    workers: int = 0
-    workers_alive: int = 0
-    restarts: int = 0
-    dropped_batches: int = 0
-    stalled_workers: tuple[int, ...] = ()
-    env_errors: int = 0
-    env_timeouts: int = 0
+    __slots__ = ()
+
+    def __init__(self, fields: Any = (), /, **more: Any) -> None:
+        """Build the snapshot from a mapping and/or keywords; entries whose value is ``None`` are left out."""
+        items = {**dict(fields), **more}
+        super().__init__({k: v for k, v in items.items() if v is not None})
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            if name in _NEUTRAL:
+                return _NEUTRAL[name]
+            raise AttributeError(f"'CollectorStats' object has no attribute {name!r}") from None
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(_READ_ONLY)
+
+    __setitem__ = __delitem__ = __ior__ = _read_only
+    clear = pop = popitem = setdefault = update = _read_only
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The default for a dict subclass rebuilds it item by item through __setitem__.
+        return (CollectorStats, (dict(self),))
+
+    def __repr__(self) -> str:
+        return f"CollectorStats({dict.__repr__(self)})"
 
     def as_dict(self) -> dict[str, Any]:
-        """Return the record as a plain dict (for loggers)."""
-        return asdict(self)
+        """Return the snapshot as a plain (mutable) dict, for loggers."""
+        return dict(self)
 
 
 @dataclass(frozen=True)

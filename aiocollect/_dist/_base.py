@@ -117,6 +117,25 @@ class NodeCollectorBase(MultiCollectorBase):
                 "functions, lambdas or functools.partial objects"
             ) from exc
 
+    # -- what nodes do not do ----------------------------------------------------------------
+    # A node runs a whole collector of its own, which answers no remote calls and runs no hooks
+    # sent from here: the worker-process collectors' requests would fail the node.
+    def _unsupported(self, what: str) -> NotImplementedError:
+        return NotImplementedError(
+            f"{type(self).__name__} does not support {what}: its nodes run whole collectors that do not take requests "
+            "from the trainer; use MultiSyncCollector or MultiAsyncCollector (worker processes), or compute it in "
+            "postproc"
+        )
+
+    def _prepare_hook(self, name: str, hook: Any) -> bytes:
+        raise self._unsupported(name)
+
+    def _check_profiled_workers(self, config: Any) -> None:
+        raise self._unsupported("enable_profile()")
+
+    async def _ask(self, what: str, requests: list[Any]) -> list[Any]:
+        raise self._unsupported(what)
+
     # -- weights -----------------------------------------------------------------------------
     async def update_policy_weights_(self, policy_or_weights: Any = None, *, weights: Any = None) -> None:
         """Send new weights to every live node and wait until each one applied them.
@@ -241,7 +260,7 @@ class NodeCollectorBase(MultiCollectorBase):
         batch = await self._take_every_node()
         await self._after_batch(list(range(self._num_workers)))
         self._dispatch_idle_nowait()
-        return await self._deliver(batch, batch.numel(), start, post=self._post_in_parent)
+        return await self._deliver_gathered(batch, start)
 
     async def _on_demand(self) -> TensorDictBase | None:
         """Every node's share, collected after any weight update (TorchRL's sync mode)."""
@@ -252,9 +271,22 @@ class NodeCollectorBase(MultiCollectorBase):
         for w in range(self._num_workers):
             self._send_collect(w, self._idle[w][0], None)
         batch = await self._take_every_node()
-        delivered = await self._deliver(batch, batch.numel(), start, post=self._post_in_parent)
+        delivered = await self._deliver_gathered(batch, start)
         await self._after_batch(list(range(self._num_workers)))
         return delivered
+
+    async def _deliver_gathered(self, batch: TensorDictBase, start: float) -> TensorDictBase | None:
+        """Deliver a ``[nodes, ...]`` batch; a TorchRL buffer gets each worker's batch as its own write.
+
+        TorchRL's nodes extend the buffer with their own batches, and a node running several
+        workers with each worker's: so does this, node by node, in order.
+        """
+        if self._torchrl_rb is None:
+            return await self._deliver(batch, batch.numel(), start, post=self._post_in_parent)
+        multi = self._dc.collector_class.__name__ != "Collector"
+        parts = [w for node in batch.unbind(0) for w in (node.unbind(0) if multi else (node,))]
+        await self._deliver_parts(parts, batch.numel(), start, post=self._post_in_parent)
+        return None
 
 
 def _stack(parts: list[TensorDictBase]) -> TensorDictBase:

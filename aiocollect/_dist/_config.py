@@ -155,7 +155,7 @@ def resolve_dist_config(
         "exploration_type": exploration_type,
     }  # fmt: skip
     mc = resolve_multi_config(
-        sync=gather, create_env_fn=fns, num_workers=None, frames_per_batch=[node_fpb] * n, cat_results=None,
+        sync=gather, create_env_fn=fns, num_workers=None, frames_per_batch=fpb, cat_results=None,
         update_at_each_batch=update_after_each_batch and on_demand, preemptive_threshold=None, num_sub_threads=1,
         start_method=None, backend=transport, create_env_kwargs=None, init_random_frames=None, **common, **engine,
     )  # fmt: skip
@@ -169,6 +169,9 @@ def resolve_dist_config(
     mc = dataclasses.replace(mc, transport_options=options, total_fpb=fpb)
     node_kwargs = [
         {
+            # Nodes always record each frame's worker and policy version: the engine rewrites them
+            # into global ids and versions (TorchRL envs included, whose own batches have none).
+            "track_provenance": True,
             **d, **common, "init_random_frames": max(0, random) // n or None,
             "env_device": mc.worker_cfgs[w].env_device, "policy_device": mc.worker_cfgs[w].policy_device,
         }

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from .._rollout._layout import BatchLayout, nested_batch_dims
 from .._workers._loop import SLOTS, report_failure
 from .._workers._messages import ApplyWeights, Close, Collect, Ready, Reset, Seed, WeightsApplied
 from .._workers._transport import BUSY, PROGRESS, WorkerChannel
@@ -66,13 +67,20 @@ def run_node(channel: WorkerChannel, spec_bytes: bytes) -> None:
             node.close()
 
 
-def _layout(batch: Any) -> list[tuple[Any, tuple[int, ...], torch.dtype]]:
+def _layout(batch: Any) -> BatchLayout:
+    from tensordict import TensorDict
+
+    if not isinstance(batch, TensorDict):
+        raise TypeError(
+            f"a node's batches must have a fixed layout, but its collector yields {type(batch).__name__} (a "
+            "heterogeneous or dynamic env); collect such envs with a multi-process collector instead"
+        )
     layout = []
     for key, value in batch.items(include_nested=True, leaves_only=True):
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"a node's batches must hold tensors only, but {key!r} holds {type(value).__name__}")
         layout.append((key, tuple(value.shape), value.dtype))
-    return layout
+    return BatchLayout(layout, shape=tuple(batch.batch_size), nested=nested_batch_dims(batch))
 
 
 class _Node:

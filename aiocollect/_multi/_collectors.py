@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase
 
+from .._collect._weight_sync import WeightUpdates
 from .._core._threads import to_thread
 from ._config import collector_options, multi_signature, resolve_multi_config
 from ._engine import MultiCollectorBase
@@ -24,7 +25,7 @@ __all__ = ["AsyncCollector", "MultiAsyncCollector", "MultiSyncCollector"]
 _POLICY_VERSION = ("collector", "policy_version")
 
 
-class _MultiCollector(MultiCollectorBase):
+class _MultiCollector(WeightUpdates, MultiCollectorBase):
     _sync: bool
 
     def __init__(
@@ -51,6 +52,9 @@ class _MultiCollector(MultiCollectorBase):
         opts = collector_options(type(self).__name__, options)
         traj_args = {k: opts.pop(k) for k in ("extend_buffer", "trajs_per_batch", "traj_format", "trajs_per_write")}
         replay_buffer = opts.pop("replay_buffer")
+        hooks = {k: opts.pop(k) for k in ("pre_collect_hook", "post_collect_hook")}
+        if opts.pop("worker_idx") is not None:
+            raise TypeError(f"{type(self).__name__} numbers its workers itself (0 to num_workers - 1); drop worker_idx")
         mc = resolve_multi_config(
             sync=self._sync, create_env_fn=create_env_fn, num_workers=num_workers, policy=policy,
             policy_factory=policy_factory, cat_results=cat_results, update_at_each_batch=update_at_each_batch,
@@ -59,10 +63,22 @@ class _MultiCollector(MultiCollectorBase):
             start_method=start_method, backend=backend, **opts,
         )  # fmt: skip
         self._init_multi(mc, policy, replay_buffer, **traj_args)
+        for name, hook in hooks.items():  # checked (callable, picklable) before any worker exists
+            setattr(self, name, hook)
+
+    def _extra_state(self) -> dict[str, Any]:
+        return self._worker_states()  # TorchRL's "worker<i>" entries: each worker's version and weights
+
+    def _load_extra_state(self, state_dict: dict[str, Any]) -> None:
+        self._restore_workers(state_dict)
 
 
 # help(), inspect.signature and IDEs that read __signature__ list every argument.
-_MultiCollector.__init__.__signature__ = multi_signature(_MultiCollector.__init__)  # type: ignore[attr-defined]
+# worker_idx is the in-process Collector's own: a multi-worker collector numbers its workers.
+_multi_sig = multi_signature(_MultiCollector.__init__)
+_MultiCollector.__init__.__signature__ = _multi_sig.replace(  # type: ignore[attr-defined]
+    parameters=[p for name, p in _multi_sig.parameters.items() if name != "worker_idx"]
+)
 
 
 _ARGS_DOC = """
@@ -73,21 +89,34 @@ _ARGS_DOC = """
             An ``nn.Module`` also defines the shared weights `update_policy_weights_` syncs.
         num_workers: Worker processes (when ``create_env_fn`` is a single factory).
         policy_factory: Builds the policy inside each worker (one, or one per worker).
-        frames_per_batch: Frames per batch; an int or one per worker.
+        frames_per_batch: Frames per batch; an int or one per worker (`MultiSyncCollector`:
+            each worker collects its entry; `MultiAsyncCollector`: every batch has the list's
+            sum, as in TorchRL).
         cat_results: ``"stack"`` (default) or a dim to concatenate worker batches along
-            (`MultiSyncCollector` only).
+            (`MultiSyncCollector` only; `MultiAsyncCollector` takes ``None`` or ``"stack"``,
+            TorchRL's default, and yields each worker's batch whole).
         update_at_each_batch: Call `update_policy_weights_` before each batch.
         preemptive_threshold: `MultiSyncCollector` only: once this fraction of workers has
-            delivered, the others stop early; their missing steps have trajectory id and
-            policy version ``-1`` and are not counted (nor stored in a replay buffer).
+            delivered, the others stop early (after at least one step; ``0.0`` stops every
+            worker after its first); their missing steps have trajectory id and policy
+            version ``-1`` and are not counted (nor stored in a replay buffer), and a
+            concatenated batch (``cat_results`` a dim) leaves them out.
         num_threads: Torch threads of this process while workers run (default: the cores
             left after one per worker).
         num_sub_threads: Torch threads per worker.
         replay_buffer: A `ReplayBuffer`: workers write batches straight into its storage
-            (made shared if it is not built yet) and iteration yields ``None`` per batch.
+            (made shared if it is not built yet) and iteration yields ``None`` per batch. A
+            TorchRL buffer gets one ``extend`` per worker batch, in worker order, as TorchRL's
+            workers write it.
         restart_workers: How many crashed workers to restart (re-seeded, re-synced) before
             a crash is raised as `WorkerCrashedError`.
         weight_sync_timeout: Seconds `update_policy_weights_` waits for acknowledgements.
+        weight_sync_schemes: TorchRL's ``{"policy": scheme}``: ``SharedMemWeightSyncScheme`` and
+            ``MultiProcessWeightSyncScheme`` reach every worker, parameters and buffers, each
+            acknowledged (with ``sync=False``, not waited for); ``NoWeightSyncScheme`` ignores
+            updates; other schemes raise ``NotImplementedError``.
+        weight_updater: Not supported (``NotImplementedError``): TorchRL's ``WeightUpdaterBase``
+            pushes through TorchRL's own worker pipes; `update_policy_weights_` syncs every worker.
         worker_timeout: Seconds a busy worker may go without progress (an env step or a
             command handled) before it counts as hung: `WorkerTimeoutError` names it, or
             with ``restart_workers`` it is killed and restarted. Detected within 1.25x this
@@ -145,7 +174,7 @@ class MultiSyncCollector(_MultiCollector):
             seqs.append(self._seq)
         p = self._mc.preemptive_threshold
         if p is not None:
-            quorum = max(1, int(n * p))
+            quorum = int(n * p)  # 0 (TorchRL's "stop after one step"): every worker is cut short at once
             await pump.until(lambda: sum(1 for q in pump.pending if q) >= quorum)
             for w in range(n):
                 if not pump.pending[w]:
@@ -160,11 +189,32 @@ class MultiSyncCollector(_MultiCollector):
                 frames += self._rb.commit(res, drop_unfilled=p is not None)
             self._count(frames, time.perf_counter() - start)
             return None
+        if self._torchrl_rb is not None:
+            # TorchRL's workers each extend the buffer with their own batch: never one stacked entry.
+            parts = await to_thread(self._worker_parts, [view for _, view in taken])
+            for w, (slot, _) in enumerate(taken):
+                self._release_slot(w, slot, commit=False)
+            frames = sum(p.batch_size.numel() for p in parts)
+            await self._deliver_parts(parts, frames, start, post=self._post_in_parent)
+            return None
         batch = await to_thread(self._assemble, [view for _, view in taken])
         for w, (slot, _) in enumerate(taken):
             self._release_slot(w, slot, commit=False)
         frames = batch.numel() if p is None else int((batch.get(_POLICY_VERSION) >= 0).sum())
         return await self._deliver(batch, frames, start, post=self._post_in_parent)
+
+    def _worker_parts(self, views: list[TensorDictBase]) -> list[TensorDictBase]:
+        """A copy of each worker's batch, without the steps a preempted worker did not take."""
+        parts = []
+        for view in views:
+            part = view.clone()  # the slot is refilled by the worker's next batch
+            if self._mc.preemptive_threshold is not None:
+                # A preempted worker stops all its envs at the same step: its taken steps come first.
+                version = part.get(_POLICY_VERSION)
+                part = part[..., : int((version.reshape(-1, version.shape[-1])[0] >= 0).sum())]
+            if part.batch_size.numel():
+                parts.append(part)
+        return parts
 
     def _assemble(self, parts: list[TensorDictBase]) -> TensorDictBase:
         nb = parts[0].ndim
@@ -176,9 +226,19 @@ class MultiSyncCollector(_MultiCollector):
                 out = LazyStackedTensorDict.lazy_stack([p.clone() for p in parts], 0)
             names = [None] * nb + ["time"]
         else:
-            out = torch.cat(parts, int(self._mc.cat))  # type: ignore[arg-type]
+            dim = int(self._mc.cat)  # type: ignore[arg-type]
+            out = torch.cat(parts, dim)
+            if self._mc.preemptive_threshold is not None:
+                # As TorchRL's: a concatenated batch holds only the steps taken (not the -1 padding),
+                # where the parts can be joined without it (their other dims match).
+                try:
+                    out = torch.cat(self._worker_parts(parts), dim)
+                except RuntimeError:
+                    pass
             names = [None] * (nb - 1) + ["time"]  # time stays the last dim whichever dim is joined
-        if not isinstance(out, LazyStackedTensorDict):
+        if isinstance(out, LazyStackedTensorDict):
+            out.names = names  # a lazy stack keeps its parts' names; the stacked dim has none
+        else:
             out.refine_names(*names)
         return out
 
@@ -188,9 +248,12 @@ class MultiAsyncCollector(_MultiCollector):
 
     Every batch comes from one worker and has the full ``frames_per_batch`` (shape
     ``[*env_batch, T]``). Workers keep collecting (two batches ahead each) while you train,
-    so a batch may come from weights older than the latest update: if you update after every
-    batch, by up to ``2 * num_workers`` versions. That suits off-policy learning. Each frame
-    records its ``("collector", "worker_id")`` and ``("collector", "policy_version")``.
+    so batches may come from weights older than the latest update: the ones each worker had
+    finished or started when `update_policy_weights_` was called (one per worker if you keep
+    up with them, as in TorchRL; two if both of a worker's batches were waiting for you). A
+    batch queued but not started is collected with the new weights: the update overtakes it.
+    That suits off-policy learning. Each frame records its ``("collector", "worker_id")`` and
+    ``("collector", "policy_version")``.
     {args}
     Examples:
         >>> import anyio

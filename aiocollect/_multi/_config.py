@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .._collect._weight_sync import DEFAULT_SYNC, WeightSync, resolve_weight_sync
 from .._core._validate import check_bool, check_int, check_seconds
 from .._rollout._config import CollectorConfig, validate_config
 
@@ -37,17 +38,24 @@ class MultiConfig:
     worker_timeout: float | None
     backend: str
     transport_options: dict[str, Any]  # validated by the backend's Transport.check_options
+    weight_sync: WeightSync = DEFAULT_SYNC  # weight_sync_schemes / weight_updater
 
     @property
     def num_workers(self) -> int:
         return len(self.worker_cfgs)
 
 
+#: `Collector` arguments a multi-worker collector does not take as they are: it declares its own
+#: ``policy_factory`` (one per worker) and ``backend`` (where workers run), and the front
+#: door's selectors choose a class, which is already chosen here.
+_NOT_FORWARDED = frozenset({"policy_factory", "backend", "backend_options", "num_collectors", "sync"})
+
+
 def _collector_parameters() -> dict[str, inspect.Parameter]:
     from .._collect._collector import Collector
 
     params = dict(inspect.signature(Collector.__init__).parameters)
-    return {k: p for k, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    return {k: p for k, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY and k not in _NOT_FORWARDED}
 
 
 def collector_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -73,6 +81,8 @@ _PER_WORKER = {
     "create_env_kwargs": "dict[str, Any] | Sequence[dict[str, Any]] | None",
     "env_device": "Any | Sequence[Any]",
     "policy_device": "Any | Sequence[Any]",
+    "device": "Any | Sequence[Any]",
+    "storing_device": "Any | Sequence[Any]",  # TorchRL's list form; the entries must be one device
 }
 
 
@@ -127,6 +137,8 @@ def resolve_multi_config(
     split_trajs: Any,
     total_frames: Any,
     max_queued_batches: Any,
+    weight_sync_schemes: Any = None,
+    weight_updater: Any = None,
     **common: Any,
 ) -> MultiConfig:
     """Validate every argument of a multi-process collector (``common`` goes to every worker)."""
@@ -146,12 +158,25 @@ def resolve_multi_config(
         raise ValueError("create_env_fn must list at least one env factory, got an empty list")
     if isinstance(frames_per_batch, (list, tuple)):
         fpbs = _per_worker("frames_per_batch", frames_per_batch, n)
+        if not sync:
+            # TorchRL's rule: an async collector's batch is the list's sum, whichever worker delivers it.
+            fpbs = [sum(fpbs)] * n
         total_fpb = sum(fpbs) if sync else fpbs[0]
     else:
         total_fpb = frames_per_batch
         valid = isinstance(frames_per_batch, int) and not isinstance(frames_per_batch, bool) and frames_per_batch > 0
         # An invalid value is passed through unchanged so validate_config reports it.
         fpbs = [math.ceil(frames_per_batch / n) if valid and sync else frames_per_batch] * n
+    devices = _per_worker("device", device, n)
+    device = devices[0] if all(d == devices[0] for d in devices) else None  # else: each worker its own
+    stores = _per_worker("storing_device", storing_device, n)
+    if any(s != stores[0] for s in stores):
+        raise ValueError(
+            f"storing_device must name one device for every worker, got {storing_device!r}; {name} stores every "
+            "batch on one device: give one"
+        )
+    storing_device = stores[0]
+    weight_sync = resolve_weight_sync(name, weight_sync_schemes, weight_updater, workers=True)
     factories = _per_worker("policy_factory", policy_factory, n)
     for f in factories:
         if f is not None and not callable(f):
@@ -167,7 +192,7 @@ def resolve_multi_config(
         dataclasses.replace(
             validate_config(
                 create_env_fn=fns[w], policy=policy, frames_per_batch=fpbs[w], total_frames=-1, postproc=None,
-                split_trajs=False, device=device, env_device=envd[w], policy_device=pold[w], storing_device=None,
+                split_trajs=False, device=devices[w], env_device=envd[w], policy_device=pold[w], storing_device=None,
                 create_env_kwargs=kwargs[w], max_queued_batches=0, **common,
             ),
             storing_device=None,
@@ -178,10 +203,14 @@ def resolve_multi_config(
         cat_results = "stack" if cat_results is None else cat_results
         if cat_results != "stack" and (isinstance(cat_results, bool) or not isinstance(cat_results, int)):
             raise ValueError(f"cat_results must be 'stack' or an int dim, got {cat_results!r}")
-    elif cat_results is not None:
+    elif cat_results is not None and not (isinstance(cat_results, str) and cat_results == "stack"):
+        # TorchRL's default, "stack", is accepted (and changes nothing): its users pass it to both.
         raise ValueError(
-            f"cat_results is only for MultiSyncCollector ({name} yields one worker's batch), got {cat_results!r}"
+            f"cat_results is only for MultiSyncCollector ({name} yields each worker's batch whole: None or "
+            f"'stack'), got {cat_results!r}; drop cat_results"
         )
+    else:
+        cat_results = None
     check_bool("update_at_each_batch", update_at_each_batch)
     p = preemptive_threshold
     if p is not None:
@@ -206,5 +235,5 @@ def resolve_multi_config(
         cfg=cfg, worker_cfgs=worker_cfgs, factories=factories, cat=cat_results, total_fpb=total_fpb,
         update_at_each_batch=update_at_each_batch, preemptive_threshold=p, num_threads=num_threads,
         num_sub_threads=num_sub_threads, restart_workers=restart_workers, weight_sync_timeout=t, worker_timeout=wt,
-        backend=backend, transport_options=options,
+        backend=backend, transport_options=options, weight_sync=weight_sync,
     )  # fmt: skip

@@ -10,6 +10,7 @@ sees a process, a file descriptor or shared memory.
 from __future__ import annotations
 
 import math
+import pickle
 from typing import Any
 
 import anyio
@@ -21,26 +22,27 @@ from tensordict import TensorDict, TensorDictBase
 from .._buffer._storage import SharedMemoryStorage
 from .._collect._lifecycle import CollectorLifecycle
 from .._core._errors import (
-    CollectorClosedError,
     WorkerCrashedError,
     WorkerTimeoutError,
     first_failure,
 )
 from .._core._seeding import check_seed
 from .._core._threads import to_thread
+from .._rollout._layout import restore_nested
 from .._workers import get_transport
 from .._workers._loop import SLOTS
-from .._workers._messages import ApplyWeights, Collect, Reset, Seed, WorkerSpec
+from .._workers._messages import Collect, Reset, Seed, WorkerSpec
 from .._workers._transport import Transport
-from .._workers._weights import state_of, weights_layout
+from ._calls import WorkerCalls
 from ._config import MultiConfig
 from ._liveness import STALL_REPORT, Liveness, process_state
 from ._pump import Pump
+from ._weights import EngineWeights
 
 __all__ = ["SLOTS", "MultiCollectorBase"]
 
 
-class MultiCollectorBase(CollectorLifecycle):
+class MultiCollectorBase(EngineWeights, WorkerCalls, CollectorLifecycle):
     """What `MultiSyncCollector` and `MultiAsyncCollector` share (not public)."""
 
     _worker_noun = "workers"  # what errors call the units the transport runs
@@ -53,20 +55,19 @@ class MultiCollectorBase(CollectorLifecycle):
         self._policy = policy
         self._num_workers = n = mc.num_workers
         self._restarts_left = mc.restart_workers
-        self._version = self._restarts = self._dropped_batches = self._seq = 0
+        self._restarts = self._dropped_batches = self._seq = 0
         self._generation = [0] * n
         self._seed_root: np.random.SeedSequence | None = None
         self._worker_seeds: list[Any] = [None] * n
-        self._weights_layout = weights_layout(policy)
-        self._published = False  # whether workers must start from the transport's weights
-        self._unpublished: Any = None  # weights given before the transport existed
+        self._init_weights(mc, policy)
         self._outstanding: list[dict[int, Any]] = [{} for _ in range(n)]  # slot -> reservation (or None)
         self._idle: list[list[int]] = [list(range(SLOTS)) for _ in range(n)]  # slots free to dispatch
         self._batch_shapes: dict[int, tuple[int, ...]] = {}
+        self._layouts: dict[int, Any] = {}  # each worker's BatchLayout (nested batch dims, pickled batches)
         self._saved_threads: int | None = None
         self._pump: Pump | None = None
         self._liveness = Liveness(n)
-        self._update_lock: anyio.Lock | None = None
+        self._worker_frames, self._worker_batches = [0] * n, [0] * n  # delivered by each worker (stats)
         for w in range(n):  # fail on unpicklable factories now, before anything is spawned
             self._spec_bytes(w)
         self._init_lifecycle(
@@ -94,9 +95,11 @@ class MultiCollectorBase(CollectorLifecycle):
         spec = WorkerSpec(
             worker_id=w, num_workers=self._num_workers, collector=mc.worker_cfgs[w],
             policy=None if mc.factories[w] is not None else self._policy, policy_factory=mc.factories[w],
-            num_sub_threads=mc.num_sub_threads, policy_version=self._version, load_weights=self._published,
+            num_sub_threads=mc.num_sub_threads, policy_version=self._targets[w], load_weights=self._published,
             seed=self._worker_seeds[w], traj_start=w + self._num_workers * (self._generation[w] << 40),
-            preemptible=mc.preemptive_threshold is not None,
+            preemptible=mc.preemptive_threshold is not None, pre_collect_hook=self._pre_collect_hook,
+            post_collect_hook=self._post_collect_hook, profiler=self._worker_profiler(w),
+            weights=self._own_weights[w],
         )  # fmt: skip
         try:
             return cloudpickle.dumps(spec)
@@ -111,7 +114,6 @@ class MultiCollectorBase(CollectorLifecycle):
         # TorchRL's default: leave the cores to the workers (restored at shutdown).
         self._saved_threads = torch.get_num_threads()
         torch.set_num_threads(self._mc.num_threads or max(1, self._saved_threads - self._num_workers))
-        self._update_lock = anyio.Lock()
 
         def build() -> Transport:
             # Off the loop: a transport may open a store or resolve names while it is built.
@@ -120,8 +122,7 @@ class MultiCollectorBase(CollectorLifecycle):
             return self._transport
 
         transport = await to_thread(build)
-        if self._unpublished is not None:
-            self._publish(self._unpublished)
+        self._weights_started()
         self._pump = Pump(transport, self._on_exit, self._watchdog)
         errors: list[BaseException] = []
 
@@ -141,15 +142,23 @@ class MultiCollectorBase(CollectorLifecycle):
         transport, pump = self._transport, self._pump
         assert transport is not None and pump is not None
         layout = await transport.start(w, self._spec_bytes(w))
-        shape = next(tuple(s) for k, s, _ in layout if k == ("collector", "worker_id"))  # [*env_batch, T]
+        shape = tuple(layout.shape)  # [*env_batch, T]
         self._batch_shapes[w] = shape
+        self._layouts[w] = layout
+        self._hidden = getattr(layout, "hidden", ())
+        if self._direct and layout.pickled:
+            raise TypeError(
+                f"worker {w}'s batches have no fixed layout (a heterogeneous or dynamic env, or non-tensor "
+                "entries), which aiocollect's ReplayBuffer cannot store; give a TorchRL replay buffer (e.g. with "
+                "LazyStackStorage) or no buffer"
+            )
         if self._direct:
             frames = [(k, s[len(shape) :], d) for k, s, d in layout]
             self._rb.build(frames, shape[-1])
             self._rb.storage.check_layout(frames)
             transport.attach_storage(w, self._rb.storage)
         pump.alive[w] = True
-        pump.acked[w] = self._version
+        pump.acked[w] = self._targets[w]
         self._mark_busy(w)
 
     async def _on_exit(self, w: int, exitcode: int | None) -> None:
@@ -194,17 +203,6 @@ class MultiCollectorBase(CollectorLifecycle):
             torch.set_num_threads(self._saved_threads)
             self._saved_threads = None
 
-    def _publish(self, state: Any) -> None:
-        """Make ``state`` the weights workers load (now, or as soon as the transport exists)."""
-        if self._transport is None:
-            self._unpublished = {k: torch.as_tensor(v).detach().clone() for k, v in state.items()}
-            return
-        self._transport.publish_weights(state)
-        self._unpublished, self._published = None, True
-
-    def _policy_version(self) -> int:
-        return self._version
-
     def _worker_pids(self) -> list[int | None]:
         """The process id running each worker (``None``: not running)."""
         t = self._transport
@@ -232,7 +230,7 @@ class MultiCollectorBase(CollectorLifecycle):
             return []
 
         def owed(w: int) -> bool:  # a batch not yet delivered, or a weight acknowledgement
-            return len(self._outstanding[w]) > len(pump.pending[w]) or pump.acked[w] < self._version
+            return len(self._outstanding[w]) > len(pump.pending[w]) or pump.acked[w] < self._targets[w]
 
         progress = [self._transport.progress(w) for w in range(self._num_workers)]  # type: ignore[union-attr]
         return self._liveness.silent(progress, pump.alive, owed)
@@ -326,67 +324,16 @@ class MultiCollectorBase(CollectorLifecycle):
         """The slot of worker ``w``'s oldest finished batch, and a TensorDict view of it."""
         assert self._pump is not None
         slot = self._pump.pending[w].popleft()
-        views = self._transport.batch(w, slot)  # type: ignore[union-attr]
-        return slot, TensorDict(dict(views), batch_size=self._batch_shapes[w])
+        payload = self._pump.payloads[w].pop(slot, None)
+        if payload is not None:  # a batch with no fixed layout, pickled whole
+            batch = pickle.loads(payload)
+        else:
+            views = self._transport.batch(w, slot)  # type: ignore[union-attr]
+            batch = restore_nested(TensorDict(dict(views), batch_size=self._batch_shapes[w]), self._layouts[w])
+        self._count_worker(w, batch)
+        return slot, batch
 
     # -- control -----------------------------------------------------------------------------
-    async def update_policy_weights_(self, policy_or_weights: Any = None, *, weights: Any = None) -> None:
-        """Copy new weights into shared memory and wait until every live worker applied them.
-
-        Workers apply weights between batches, so no batch mixes two versions. Each frame
-        records the version it was collected with in ``("collector", "policy_version")``.
-
-        Args:
-            policy_or_weights: An ``nn.Module``, a state dict or a TensorDict of weights;
-                ``None`` reads the ``policy`` passed to the constructor.
-            weights: Same as ``policy_or_weights`` (TorchRL's keyword).
-
-        Raises:
-            TypeError: The collector has no ``nn.Module`` policy to take the weight layout from.
-            TimeoutError: Some workers did not acknowledge within ``weight_sync_timeout``
-                (the message names them).
-        """
-        if self._closed:
-            raise CollectorClosedError(f"this {type(self).__name__} was shut down; create a new one")
-        if self._weights_layout is None:
-            raise TypeError(
-                "update_policy_weights_() needs an nn.Module policy= to define the shared weights; "
-                "pass policy= (it may be given together with policy_factory)"
-            )
-        source = self._weights_argument(policy_or_weights, weights)
-        state = state_of(self._weights_layout, self._policy if source is None else source)
-        async with self._update_lock or anyio.Lock():
-            if self._started and self._pump is not None and self._version > 0:
-                # A worker that timed out on the last update may still be copying the
-                # published weights: overwriting them now would hand it a torn mix of two versions.
-                await self._await_acks(self._version, send=False)
-            await to_thread(self._publish, state)
-            self._version += 1
-            if self._rb is not None:
-                self._rb.policy_version = self._version
-            if not self._started or self._pump is None:
-                return
-            await self._await_acks(self._version)
-
-    async def _await_acks(self, version: int, *, send: bool = True) -> None:
-        pump = self._pump
-        assert pump is not None
-        live = [w for w in range(self._num_workers) if pump.alive[w]]
-        if all(pump.acked[w] >= version for w in live):
-            return
-        if send:
-            for w in live:
-                self._mark_busy(w)
-                self._transport.send(w, ApplyWeights(version))  # type: ignore[union-attr]
-        with anyio.move_on_after(self._mc.weight_sync_timeout):
-            await pump.until(lambda: all(pump.acked[w] >= version or not pump.alive[w] for w in live))
-            return
-        late = [w for w in live if pump.acked[w] < version and pump.alive[w]]
-        raise TimeoutError(
-            f"{self._worker_noun} {late} did not apply policy version {version} within weight_sync_timeout="
-            f"{self._mc.weight_sync_timeout}s; raise weight_sync_timeout or make batches shorter"
-        )
-
     def set_seed(self, seed: int) -> int:
         """Give each worker an independent stream from ``SeedSequence(seed).spawn``.
 
@@ -417,22 +364,3 @@ class MultiCollectorBase(CollectorLifecycle):
 
     def _state_module(self) -> torch.nn.Module | None:
         return self._policy if isinstance(self._policy, torch.nn.Module) else None
-
-    def _set_policy_version(self, version: int) -> None:
-        self._version = version
-
-    def _loaded_weights(self, state: dict[str, Any]) -> None:
-        # Restarted workers start from them; running ones load them at the next update.
-        if self._weights_layout is not None:
-            self._publish(state_of(self._weights_layout, state))
-
-    def stats(self) -> Any:
-        """Return a `CollectorStats` snapshot, with worker restarts and dropped batches."""
-        import dataclasses
-
-        base = super().stats()
-        alive = sum(self._pump.alive) if self._pump is not None else 0
-        return dataclasses.replace(
-            base, workers=self._num_workers, workers_alive=alive, restarts=self._restarts,
-            dropped_batches=self._dropped_batches, stalled_workers=self._stalled_workers(),
-        )  # fmt: skip

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 import anyio
 
 from .._core._errors import first_failure
-from .._workers._messages import BatchReady, Event, Exited, Failed, WeightsApplied
+from .._workers._messages import BatchReady, Event, Exited, Failed, Reply, WeightsApplied
 from .._workers._transport import Transport
 
 __all__ = ["Pump"]
@@ -34,7 +34,9 @@ class Pump:
         self.transport = transport
         n = transport.num_workers
         self.pending: list[deque[int]] = [deque() for _ in range(n)]  # slots with a fresh batch
+        self.payloads: list[dict[int, bytes]] = [{} for _ in range(n)]  # pickled batches (no fixed layout), by slot
         self.acked: list[int] = [-1] * n  # last weights version each worker applied
+        self.replies: list[dict[int, Reply]] = [{} for _ in range(n)]  # answers to RemoteCall, by seq
         self.alive: list[bool] = [False] * n  # set once a worker is started
         self.failures: list[BaseException] = []
         # A weak reference: the collector owns the pump, and a strong bound method back to it
@@ -49,9 +51,13 @@ class Pump:
 
     def _dispatch(self, w: int, event: Event) -> tuple[int, int | None] | None:
         if isinstance(event, BatchReady):
+            if event.payload is not None:
+                self.payloads[w][event.slot] = event.payload
             self.pending[w].append(event.slot)
         elif isinstance(event, WeightsApplied):
             self.acked[w] = max(self.acked[w], event.version)
+        elif isinstance(event, Reply):
+            self.replies[w][event.seq] = event
         elif isinstance(event, Failed):
             from .._core._errors import worker_error_from_message
 

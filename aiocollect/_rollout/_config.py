@@ -40,6 +40,17 @@ class CollectorConfig:
     track_traj_ids: bool
     max_queued_batches: int
     shutdown_timeout: float
+    # TorchRL's options (see Collector's docstring for what each does on which env).
+    use_buffers: bool | None = None
+    compact_obs: bool = False
+    trust_policy: bool | None = None
+    compile_policy: Any = None
+    cudagraph_policy: Any = None
+    track_policy_version: Any = False
+    return_same_td: bool = False
+    no_cuda_sync: bool = False
+    auto_register_policy_transforms: bool | None = None
+    track_provenance: bool | None = None  # None: on, except for TorchRL envs (their batches keep TorchRL's keys)
 
 
 def _device(name: str, value: Any) -> torch.device | None:
@@ -140,6 +151,16 @@ def validate_config(
     track_traj_ids: Any,
     max_queued_batches: Any,
     shutdown_timeout: Any,
+    use_buffers: Any = None,
+    compact_obs: Any = False,
+    trust_policy: Any = None,
+    compile_policy: Any = None,
+    cudagraph_policy: Any = None,
+    track_policy_version: Any = False,
+    return_same_td: Any = False,
+    no_cuda_sync: Any = False,
+    auto_register_policy_transforms: Any = None,
+    track_provenance: Any = None,
 ) -> CollectorConfig:
     """Check every constructor argument; raise ``TypeError``/``ValueError`` naming rule, value and fix."""
     env_fn = _env_fn(create_env_fn)
@@ -154,11 +175,7 @@ def validate_config(
         raise TypeError(f"total_frames must be an int (-1 for endless), got {total_frames!r}")
     if total_frames == 0:
         raise ValueError("total_frames must be positive, or -1 for endless collection, got 0")
-    if 0 < total_frames < fpb:
-        raise ValueError(
-            f"total_frames ({total_frames}) must be at least frames_per_batch ({fpb}), or -1 for endless "
-            "collection; raise total_frames or lower frames_per_batch"
-        )
+    # A budget below one batch gets one batch, with the warning below (TorchRL's rule).
     total = math.inf if total_frames < 0 else float(total_frames)
     if total_frames > 0 and total_frames % fpb:
         warn_user(
@@ -197,6 +214,12 @@ def validate_config(
         raise ValueError("split_trajs=True needs track_traj_ids=True, got track_traj_ids=False")
     mqb = check_int("max_queued_batches", max_queued_batches, minimum=0)
     timeout = check_seconds("shutdown_timeout", shutdown_timeout)
+    torchrl_options = _torchrl_options(
+        use_buffers=use_buffers, compact_obs=compact_obs, trust_policy=trust_policy, compile_policy=compile_policy,
+        cudagraph_policy=cudagraph_policy, track_policy_version=track_policy_version, return_same_td=return_same_td,
+        no_cuda_sync=no_cuda_sync, auto_register_policy_transforms=auto_register_policy_transforms,
+        track_provenance=track_provenance,
+    )  # fmt: skip
     return CollectorConfig(
         create_env_fn=env_fn,
         create_env_kwargs=dict(create_env_kwargs or {}),
@@ -215,7 +238,27 @@ def validate_config(
         track_traj_ids=track,
         max_queued_batches=mqb or 0,
         shutdown_timeout=timeout,
+        **torchrl_options,
     )
+
+
+def _torchrl_options(**given: Any) -> dict[str, Any]:
+    """Check TorchRL's constructor options (the rule, the value, the fix)."""
+    for name in ("use_buffers", "trust_policy", "auto_register_policy_transforms", "track_provenance"):
+        if given[name] is not None and not isinstance(given[name], bool):
+            raise TypeError(f"{name} must be a bool or None, got {given[name]!r}")
+    for name in ("compact_obs", "return_same_td", "no_cuda_sync"):
+        check_bool(name, given[name])
+    for name in ("compile_policy", "cudagraph_policy"):
+        value = given[name]
+        if value is not None and not isinstance(value, (bool, dict)):
+            raise TypeError(f"{name} must be a bool, a dict of keyword arguments or None, got {value!r}")
+    tracker = given["track_policy_version"]
+    if tracker is None:
+        given["track_policy_version"] = False
+    elif not isinstance(tracker, bool) and not hasattr(tracker, "increment_version"):
+        raise TypeError(f"track_policy_version must be a bool or a TorchRL PolicyVersion transform, got {tracker!r}")
+    return given
 
 
 def make_env(cfg: CollectorConfig) -> Any:
@@ -239,11 +282,10 @@ def make_env(cfg: CollectorConfig) -> Any:
     from .._envs._torchrl import TorchRLEnv, is_torchrl_env
 
     if is_torchrl_env(env):
-        try:
-            return TorchRLEnv(env)
-        except BaseException:
-            env.close()
-            raise
+        return TorchRLEnv(
+            env, max_frames_per_traj=cfg.max_frames_per_traj, track_policy_version=cfg.track_policy_version,
+            env_device=cfg.env_device,
+        )  # fmt: skip
     if isinstance(env, _env_types()):  # a gymnasium env (aiocollect's were returned above)
         from .._envs._gym import wrap_gymnasium
 

@@ -11,6 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ._arrays import next_key
+from ._layout import BatchLayout
+
 if TYPE_CHECKING:
     from tensordict import TensorDict
 
@@ -30,15 +33,22 @@ class RolloutOutput:
     versions: list[int]
     worker_id: int
     storing_device: torch.device | None
+    compact: bool = False  # compact_obs: batches leave the next observations out
+    hidden_keys: tuple[Any, ...] = ()  # kept for the collector, not delivered (track_provenance=False)
 
     def _kept(self) -> list[tuple[Any, torch.Tensor]]:
-        """The storage entries batches hold: all but a root reward the env does not have."""
-        assert self.buf is not None
-        if self.spec.root_reward:
-            return list(self.buf.items())
-        return [(k, v) for k, v in self.buf.items() if k != ("next", "reward")]
+        """The storage entries batches hold: all but a root reward the env does not have.
 
-    def output_layout(self) -> list[tuple[Any, tuple[int, ...], torch.dtype]]:
+        With ``compact`` (``compact_obs=True``) the next observations are left out too: each is
+        the root observation of the following step.
+        """
+        assert self.buf is not None
+        drop: set[Any] = set() if self.spec.root_reward else {("next", "reward")}
+        if self.compact:
+            drop |= {next_key(k) for k in self.spec.observation}
+        return [(k, v) for k, v in self.buf.items() if k not in drop]
+
+    def output_layout(self) -> BatchLayout:
         """Keys, shapes and dtypes of the batches `collect` produces (buffers must exist, see `prepare`)."""
         assert self.buf is not None
         shape = (*self.B, self.T)
@@ -48,7 +58,17 @@ class RolloutOutput:
             (("collector", "policy_version"), shape, torch.int64),
             (("collector", "worker_id"), shape, torch.int64),
         ]
-        return layout
+        return BatchLayout(layout, shape=shape, hidden=self.hidden_keys)
+
+    def fake_batch(self) -> TensorDict:
+        """A zero-filled batch with the keys, shapes and dtypes `collect` gives (resets the env if needed)."""
+        from tensordict import TensorDict
+
+        if self.buf is None:
+            self.prepare()  # type: ignore[attr-defined]
+        dev = self.storing_device
+        out = {k: torch.zeros(shape, dtype=dtype, device=dev) for k, shape, dtype in self.output_layout()}
+        return TensorDict(out, batch_size=(*self.B, self.T), device=dev, names=[*([None] * self.nb), "time"])
 
     def _write_out(self, out: dict[Any, torch.Tensor], steps: int) -> None:
         """Copy the batch out of the time-major storage into ``out`` (e.g. a shared slot).

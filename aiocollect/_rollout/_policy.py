@@ -17,7 +17,10 @@ import torch
 
 from .._envs._specs import EnvSpec, NestedKey
 
-__all__ = ["PolicyAdapter"]
+__all__ = ["NO_ROUTE", "PolicyAdapter"]
+
+#: TorchRL's words for a weight update with nowhere to go (``BaseCollector._maybe_fallback_update``).
+NO_ROUTE = "No weight updater, WeightSyncScheme, or concrete local policy update path is configured for this collector"
 
 Outputs = dict[NestedKey, torch.Tensor]
 
@@ -88,6 +91,7 @@ class PolicyAdapter:
         self.device = policy_device
         self.policy = self._maybe_copy(policy, policy_device)
         self.is_random = policy is None
+        self.trusted = False  # trust_policy=True: outputs are used as they come, unchecked
         self._interaction: Any = None
         if policy is None:
             self._call: Callable[[Outputs], Outputs] | None = None
@@ -163,7 +167,8 @@ class PolicyAdapter:
     def _call_tensordict(self, obs: Outputs) -> Outputs:
         # The env batch, or the envs a barrier-free step serves: the observations' leading dims.
         batch = next(iter(obs.values())).shape[: self._nb] if obs else self.spec.batch_size
-        td = self._td_class({k: self._to_policy(v) for k, v in obs.items()}, batch_size=batch)
+        # On the policy device, and saying so (TorchRL's policies read td.device).
+        td = self._td_class({k: self._to_policy(v) for k, v in obs.items()}, batch_size=batch, device=self.device)
         with self._set_interaction(self._interaction):
             result = self.policy(td)
         result = td if result is None else result
@@ -190,6 +195,8 @@ class PolicyAdapter:
         """
         from .._core._errors import PolicyOutputError
 
+        if self.trusted:
+            return
         for key, spec in self.spec.action.items():
             if key not in out:
                 raise PolicyOutputError(
@@ -198,18 +205,31 @@ class PolicyAdapter:
                 )
             spec.check(key, out[key], tuple(self.spec.batch_size) if batch is None else batch)
 
-    def update_weights(self, weights: Any = None) -> None:
-        """Load ``weights`` (module, state dict or TensorDict) or refresh the device copy; bump the version."""
+    def update_weights(self, weights: Any = None, *, updater: Any = None, worker_ids: Any = None) -> None:
+        """Load ``weights`` (module, state dict or TensorDict) or refresh the device copy; bump the version.
+
+        With ``updater`` (TorchRL's ``WeightUpdaterBase``), it pushes the weights instead:
+        ``updater(policy_or_weights=weights, worker_ids=worker_ids)``.
+        """
         with self.lock:
-            self._update_weights(weights)
+            if updater is not None:
+                updater(policy_or_weights=weights, worker_ids=worker_ids)
+                self.version += 1
+            else:
+                self._update_weights(weights)
 
     def _update_weights(self, weights: Any) -> None:
         target = self.policy
+        if weights is None and self.original is None:
+            # A callable runs here as it is (its weights are live); random actions have none.
+            raise RuntimeError(
+                f"{NO_ROUTE}: it collects with random actions (policy=None), which have no weights; pass a policy"
+            )
         if weights is not None:
             if target is None or not isinstance(target, torch.nn.Module):
                 raise TypeError(
-                    f"explicit weights need an nn.Module policy, got {type(target).__name__}; "
-                    "call update_policy_weights_() without weights"
+                    f"explicit weights need an nn.Module policy to load into, got {type(target).__name__}; "
+                    "collect with an nn.Module policy (e.g. a TensorDictModule)"
                 )
             if isinstance(weights, torch.nn.Module):
                 weights = weights.state_dict()

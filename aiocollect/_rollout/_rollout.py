@@ -394,7 +394,8 @@ class Rollout(RolloutOutput):
             T, plain = self.T, not self.max_steps
             last = T - 1 if self.set_truncated else T
             for t in range(T):
-                if preempt is not None and preempt():
+                # A preempted batch still takes its first step (TorchRL checks after each step).
+                if t and preempt is not None and preempt():
                     return t
                 action = self.act(t, random)
                 if plain and t != last:
@@ -416,7 +417,7 @@ class Rollout(RolloutOutput):
             random: Take random actions (also when the policy is ``None``).
             out: One tensor per entry of `output_layout`, keyed alike (e.g. shared-memory
                 slots or replay-buffer rows); each is overwritten.
-            preempt: Polled before every step; once it returns True the batch ends early:
+            preempt: Polled before every step but the first; once it returns True the batch ends early:
                 the missing steps are zeroed, with trajectory id and policy version ``-1``.
 
         Returns:

@@ -300,7 +300,7 @@ class DistributedTransport(Transport):
                 if isinstance(msg, Ready):
                     node.flats = [flat_buffer(msg.layout, self._device) for _ in range(2)]
                     node.slots = [flat_views(f, msg.layout) for f in node.flats]
-                elif isinstance(msg, BatchReady):
+                elif isinstance(msg, BatchReady) and msg.payload is None:
                     # The node sends the batch right after this record: the receive is short.
                     pg.recv([node.flats[msg.slot]], 1, DATA_TAG).wait(timedelta(seconds=setup.timeout))
                 self._push(node, msg)

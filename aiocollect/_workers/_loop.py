@@ -8,7 +8,6 @@ starts without paying for it.
 
 from __future__ import annotations
 
-import math
 import os
 import pickle
 import threading
@@ -18,13 +17,16 @@ from typing import Any
 from ._messages import (
     ApplyWeights,
     AttachStorage,
+    BatchReady,
     Close,
     Collect,
     Failed,
+    LoadWeights,
     Ready,
+    RemoteCall,
     Reset,
     Seed,
-    WeightsApplied,
+    SetHook,
     WorkerSpec,
 )
 from ._transport import BUSY, PREEMPT, PROGRESS, STOP, WorkerChannel
@@ -63,21 +65,15 @@ def report_failure(channel: WorkerChannel, exc: BaseException, step: int | None)
         pass  # the engine is gone
 
 
-def _load_weights(policy: Any, source: Any) -> None:
-    import torch
-
-    # state_dict() tensors share storage with the parameters and buffers: copy_ updates them.
-    with torch.no_grad():
-        for name, t in policy.state_dict().items():
-            t.copy_(source[name])
-
-
 class _Worker:
     def __init__(self, channel: WorkerChannel, spec: WorkerSpec) -> None:
         self.channel, self.spec = channel, spec
         self.rollout: Any = None
         self.slots: list[dict[Any, Any]] = []
         self.storage: dict[Any, Any] | None = None
+        self.layout: Any = None
+        self.view: Any = None  # a WorkerView: the hooks and what map_fn/get_distant_attr see
+        self.out: Any = None  # the last batch: its slot's (or buffer rows') tensors, or a pickled layout's TensorDict
 
     def start(self) -> bool:
         """Build everything and get the output slots; False if closed during start-up."""
@@ -87,8 +83,10 @@ class _Worker:
         from .._envs._base import AsyncBatchedEnv
         from .._envs._own_loop import OwnLoopEnv
         from .._rollout._config import make_env
+        from .._rollout._factory import make_rollout
         from .._rollout._policy import PolicyAdapter
-        from .._rollout._rollout import Rollout
+        from ._updates import restore_version
+        from ._weights import load_into, unpack_state
 
         spec, c = self.spec, self.spec.collector
         self.channel.setup(spec)
@@ -105,27 +103,31 @@ class _Worker:
         try:
             policy = spec.policy if spec.policy_factory is None else spec.policy_factory()
             adapter = PolicyAdapter(policy, policy_device=c.policy_device, exploration_type=c.exploration_type)
-            adapter.bind(env.spec, counts_steps=c.max_frames_per_traj is not None)
+            adapter.trusted = bool(c.trust_policy)
             if spec.load_weights:  # updates were published since the engine pickled the policy
-                _load_weights(adapter.policy, self.channel.weights())
+                load_into(adapter.policy, self.channel.weights())
+            if spec.weights is not None:  # weights sent to this worker alone
+                load_into(adapter.policy, unpack_state(spec.weights))
             adapter.version = spec.policy_version
             generator = torch.Generator()
             generator.seed()
-            rollout = Rollout(
-                env, adapter, steps=math.ceil(c.frames_per_batch / max(1, env.spec.numel)),
-                traj_counter=TrajCounter(spec.traj_start, spec.num_workers), generator=generator,
-                max_frames_per_traj=c.max_frames_per_traj, set_truncated=c.set_truncated,
-                reset_at_each_iter=c.reset_at_each_iter, env_device=c.env_device, storing_device=None,
-                track_traj_ids=c.track_traj_ids, stop=threading.Event(), worker_id=spec.worker_id,
+            rollout = make_rollout(
+                env, adapter, c, traj_counter=TrajCounter(spec.traj_start, spec.num_workers), generator=generator,
+                stop=threading.Event(), worker_id=spec.worker_id,
             )  # fmt: skip
         except BaseException:
             env.close()
             raise
         self.rollout = rollout
+        if spec.policy_version:  # restarted, or restored: a PolicyVersion transform goes on from there
+            restore_version(rollout, spec.policy_version)
         if spec.seed is not None:
             self._seed(spec.seed)
         rollout.prepare()
-        layout = rollout.output_layout()
+        layout = self.layout = rollout.output_layout()
+        from ._view import WorkerView
+
+        self.view = WorkerView(spec, rollout, layout)
         self.slots = self.channel.output_slots(layout, SLOTS)
         if not self.slots:
             return False  # the collector shut down while this worker was starting
@@ -149,34 +151,45 @@ class _Worker:
         self.rollout.request_reset(plan.env_seeds(n))
 
     def serve(self) -> None:
-        """Handle commands strictly in order until `Close`."""
+        """Handle commands in order until `Close` (a weight update may overtake queued collects)."""
+        from ._updates import CommandQueue, apply_weights
+
         channel, control, rollout = self.channel, self.channel.control, self.rollout
+        commands = CommandQueue(channel)
         while True:
             control[BUSY] = 0
-            cmd = channel.receive()
+            cmd = commands.next(rollout.policy.version)
             control[BUSY] = 1
             control[PROGRESS] += 1
             if isinstance(cmd, Collect):
-                self._collect(cmd)
-                channel.batch_ready(cmd.slot)
-            elif isinstance(cmd, ApplyWeights):
-                adapter = rollout.policy
-                with adapter.lock:
-                    _load_weights(adapter.policy, channel.weights())
-                    adapter.version = cmd.version
-                channel.send(WeightsApplied(cmd.version))
+                self.view.before_batch()
+                payload = self._collect(cmd)
+                if not control[STOP]:  # a batch cut short by shutdown is never handed over: no hook sees it
+                    self.view.after_batch(self.out)  # the hooks see the batch before the engine does
+                if payload is None:
+                    channel.batch_ready(cmd.slot)
+                else:
+                    channel.send(BatchReady(cmd.slot, payload))
+            elif isinstance(cmd, (ApplyWeights, LoadWeights)):
+                apply_weights(rollout, channel, cmd)
             elif isinstance(cmd, AttachStorage):
                 self.storage = channel.storage(cmd.handle)
             elif isinstance(cmd, Seed):
                 self._seed(cmd.seeds)
             elif isinstance(cmd, Reset):
                 rollout.request_reset()
+            elif isinstance(cmd, RemoteCall):
+                channel.send(self.view.answer(cmd))
+            elif isinstance(cmd, SetHook):
+                self.view.set_hook(cmd)
             elif isinstance(cmd, Close):
+                self.view.close()
                 return
             else:  # pragma: no cover - a protocol bug, reported like any worker error
                 raise RuntimeError(f"unknown worker command {cmd!r}")
 
-    def _collect(self, cmd: Collect) -> None:
+    def _collect(self, cmd: Collect) -> bytes | None:
+        """Collect one batch into its slot (or the buffer's rows); a batch with no fixed layout is returned pickled."""
         control, preemptible, seq = self.channel.control, self.spec.preemptible, cmd.seq
 
         def preempt() -> bool:  # polled before every env step
@@ -184,6 +197,9 @@ class _Worker:
             return control[STOP] != 0 or (preemptible and control[PREEMPT] == seq)
 
         rollout, slot = self.rollout, self.slots[cmd.slot]
+        if self.layout.pickled:
+            self.out = rollout.collect(cmd.random, preempt=preempt)
+            return pickle.dumps(self.out)
         pieces = cmd.pieces
         if pieces is not None and len(pieces) == 1 and self.storage is not None:
             # Straight into the replay buffer's rows: the batch is copied exactly once.
@@ -191,8 +207,10 @@ class _Worker:
             shape = slot[("collector", "worker_id")].shape
             out = {k: t[start : start + n].view(*shape, *t.shape[1:]) for k, t in self.storage.items()}
             rollout.collect_into(cmd.random, out, preempt=preempt)
-            return
+            self.out = out
+            return None
         rollout.collect_into(cmd.random, slot, preempt=preempt)
+        self.out = slot
         if pieces is not None and self.storage is not None:
             # The rows wrap around the end of the ring: copy in two runs.
             offset = 0
@@ -200,3 +218,4 @@ class _Worker:
                 for k, t in self.storage.items():
                     t[start : start + n].copy_(slot[k].reshape(-1, *t.shape[1:])[offset : offset + n])
                 offset += n
+        return None

@@ -4,12 +4,14 @@ Commands go from the engine to a worker, events from a worker (or its transport)
 transport carries these same records, so the worker loop and the engine never depend on how
 they travel. They are small: tensors never ride in a message. A batch lives in an output slot
 (shared memory, or tensors the transport ships), and weights live in the transport's weight
-store.
+store; only `LoadWeights` carries a packed copy (one worker's own weights, or weights whose
+layout the engine does not know because the policy exists only in the workers).
 
 The start-up handshake is: the transport starts the worker with a `WorkerSpec`; the worker
 builds its env and policy, gets its output slots from the transport, and sends `Ready`. After
 that it handles one command at a time, in order, between batches. A weight update therefore
-never lands in the middle of a batch.
+never lands in the middle of a batch; it may overtake the `Collect` requests queued right
+before it (see ``_loop``), so no batch is started with weights older than the newest sent.
 """
 
 from __future__ import annotations
@@ -34,9 +36,13 @@ __all__ = [
     "Event",
     "Exited",
     "Failed",
+    "LoadWeights",
     "Ready",
+    "RemoteCall",
+    "Reply",
     "Reset",
     "Seed",
+    "SetHook",
     "WeightsApplied",
     "WorkerSpec",
 ]
@@ -64,6 +70,10 @@ class WorkerSpec:
     seed: np.random.SeedSequence | None
     traj_start: int  # first trajectory id; a restarted worker moves to a fresh range
     preemptible: bool  # poll the preempt word every step (MultiSync's preemptive_threshold)
+    pre_collect_hook: Callable[[], Any] | None = None  # called before each batch
+    post_collect_hook: Callable[[Any], Any] | None = None  # called with each batch before it is handed over
+    profiler: Any = None  # a ProfilerHook (enable_profile), run after post_collect_hook
+    weights: bytes | None = None  # this worker's own weights (packed), loaded after the published ones
 
 
 # -- commands: engine -> worker ----------------------------------------------------------------
@@ -82,6 +92,20 @@ class ApplyWeights:
     """Load the weights now in the transport's weight store; they are version ``version``."""
 
     version: int
+
+
+@dataclass(frozen=True)
+class LoadWeights:
+    """Load the weights this command carries: this worker's own, or ones the shared store cannot hold.
+
+    ``payload`` is a pickled state dict of CPU tensors (``None``: keep the weights, only take
+    ``version``). ``restore``: a saved state is being restored, so a ``PolicyVersion`` transform
+    on the env is set to ``version`` instead of moving on by one. Answered by `WeightsApplied`.
+    """
+
+    version: int
+    payload: bytes | None
+    restore: bool = False
 
 
 @dataclass(frozen=True)
@@ -108,11 +132,35 @@ class Reset:
 
 
 @dataclass(frozen=True)
+class RemoteCall:
+    """Read an attribute path of the worker (``map_fn``, ``get_distant_attr``), answered by `Reply`.
+
+    ``request`` is cloudpickled ``(path, args, kwargs)``: the path is resolved on the worker's
+    `WorkerView`, then called with ``args``/``kwargs``, or read as is if ``args`` is None.
+    """
+
+    seq: int
+    request: bytes
+
+
+@dataclass(frozen=True)
+class SetHook:
+    """Replace hook ``name`` (``pre_collect_hook``, ``post_collect_hook`` or ``profiler``) from the next batch on.
+
+    ``hook`` is the new hook (``None`` removes it), cloudpickled; a profiler that is
+    replaced is stopped (its trace written).
+    """
+
+    name: str
+    hook: bytes
+
+
+@dataclass(frozen=True)
 class Close:
     """Stop after the current command; close the env."""
 
 
-Command = Collect | ApplyWeights | AttachStorage | Seed | Reset | Close
+Command = Collect | ApplyWeights | LoadWeights | AttachStorage | Seed | Reset | RemoteCall | SetHook | Close
 
 
 # -- events: worker (or transport) -> engine ----------------------------------------------------
@@ -126,9 +174,13 @@ class Ready:
 
 @dataclass(frozen=True)
 class BatchReady:
-    """Output slot ``slot`` (or the storage rows of that request) holds a finished batch."""
+    """Output slot ``slot`` (or the storage rows of that request) holds a finished batch.
+
+    A batch with no fixed layout (`BatchLayout.pickled`) travels in ``payload`` instead, pickled.
+    """
 
     slot: int
+    payload: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -149,10 +201,25 @@ class Failed:
 
 
 @dataclass(frozen=True)
+class Reply:
+    """The answer to `RemoteCall` ``seq``: the cloudpickled ``value``, or the exception it raised.
+
+    A call that raised leaves the worker running: ``exception`` is the pickled exception (or
+    None if it cannot be pickled), with its ``summary`` and the worker's ``traceback``.
+    """
+
+    seq: int
+    value: bytes | None
+    exception: bytes | None = None
+    summary: str = ""
+    traceback: str = ""
+
+
+@dataclass(frozen=True)
 class Exited:
     """The worker is gone (sent by the transport; ``exitcode`` is None if unknown)."""
 
     exitcode: int | None
 
 
-Event = Ready | BatchReady | WeightsApplied | Failed | Exited
+Event = Ready | BatchReady | WeightsApplied | Reply | Failed | Exited

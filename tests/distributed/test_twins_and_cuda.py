@@ -45,9 +45,9 @@ def test_blocking_twin_collects_syncs_weights_and_exits_cleanly() -> None:
 
 @pytest.mark.anyio
 async def test_blocking_twin_refuses_to_run_inside_an_event_loop() -> None:
-    c = BlockingDistributedCollector(ENVS, None, frames_per_batch=10, launcher="mp")
+    # The twin starts its nodes in the constructor (as TorchRL's does): refused there, nothing started.
     with pytest.raises(RuntimeError, match=r"aiocollect\.DistributedCollector"):
-        c.__enter__()
+        BlockingDistributedCollector(ENVS, None, frames_per_batch=10, launcher="mp")
 
 
 @pytest.mark.anyio

@@ -1,0 +1,232 @@
+"""The weights part of the multi-worker engine: updates, acknowledgements, per-worker weights and versions.
+
+Every worker holds its own copy of the policy. An update reaches it one of two ways:
+
+* the transport's shared weight store: the parent writes the state dict once and each worker
+  copies it into its policy on `ApplyWeights`. Used when every worker gets the same weights
+  and the parent knows their layout (it holds an ``nn.Module`` policy);
+* the worker's command channel: `LoadWeights` carries a packed copy. Used for weights of one
+  worker alone (``{worker: weights}``, ``worker_ids=``) and for workers whose policy exists
+  only in them (``policy_factory`` without ``policy``). A large state dict then waits in the
+  channel until the worker reads it, between batches.
+
+Either way the worker answers `WeightsApplied`. The engine keeps the version each worker must
+reach (``_targets``): liveness counts a missing acknowledgement as work owed, a restarted
+worker starts from its version and weights, and `state_dict` reports each worker's version
+and the weights it was last given. Right after sending, the engine raises the worker's
+weights signal (``_workers._updates``) so the update overtakes the batches queued before it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+import torch
+
+from .._collect._weight_sync import NO_ROUTE, WeightSyncAPI, WeightUpdate
+from .._core._errors import CollectorClosedError
+from .._core._threads import to_thread
+from .._workers._messages import ApplyWeights, LoadWeights
+from .._workers._updates import weights_signal
+from .._workers._weights import flat_state, pack_state, state_of, unpack_state, weights_layout
+from ._config import MultiConfig
+
+__all__ = ["EngineWeights"]
+
+
+def _cpu_copy(state: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: torch.as_tensor(v).detach().to("cpu", copy=True) for k, v in state.items()}
+
+
+class EngineWeights(WeightSyncAPI):
+    """Mixed into `MultiCollectorBase` (not public); see the module docstring."""
+
+    _mc: MultiConfig
+    _transport: Any
+    _pump: Any
+    _policy: Any
+    _num_workers: int
+    _closed: bool
+    _started: bool
+    _rb: Any
+    _worker_noun: str
+
+    def _mark_busy(self, w: int) -> None:
+        raise NotImplementedError
+
+    def _init_weights(self, mc: Any, policy: Any) -> None:
+        n = mc.num_workers
+        self._weight_sync = mc.weight_sync
+        self._version = 0
+        self._targets = [0] * n  # the version each worker must reach
+        self._own_weights: list[bytes | None] = [None] * n  # packed weights a worker got alone (newest wins)
+        self._shared_state: dict[str, Any] | None = None  # what the shared store (or the shipped policy) holds
+        self._weights_layout = weights_layout(policy)
+        self._published = False  # whether workers must start from the transport's weights
+        self._unpublished: Any = None  # weights given before the transport existed
+        self._update_lock: anyio.Lock | None = None
+
+    def _weights_started(self) -> None:
+        """The transport exists: publish what was given before, note what the shipped policy holds."""
+        self._update_lock = anyio.Lock()
+        if self._unpublished is not None:
+            self._publish(self._unpublished)
+        if self._shared_state is None and self._weights_layout is not None and not any(self._mc.factories):
+            self._shared_state = _cpu_copy(state_of(self._weights_layout, self._policy))
+
+    def _publish(self, state: Any) -> None:
+        """Make ``state`` the weights workers load (now, or as soon as the transport exists)."""
+        if self._transport is None:
+            self._unpublished = {k: torch.as_tensor(v).detach().clone() for k, v in state.items()}
+            return
+        self._transport.publish_weights(state)
+        self._unpublished, self._published = None, True
+
+    def _policy_version(self) -> int:
+        return self._version
+
+    def _set_policy_version(self, version: int) -> None:
+        self._version = version
+
+    def _loaded_weights(self, state: dict[str, Any]) -> None:
+        # Restarted workers start from them; running ones load them at the next update.
+        if self._weights_layout is not None:
+            self._publish(state_of(self._weights_layout, state))
+
+    def _num_weight_targets(self) -> int:
+        return self._num_workers
+
+    def _default_scheme(self) -> bool:
+        return isinstance(self._policy, torch.nn.Module)
+
+    # -- updates ---------------------------------------------------------------------------------
+    def _plan_update(self, update: WeightUpdate) -> tuple[dict[str, Any] | None, dict[int, bytes]]:
+        """The state dict for the shared store, or the packed weights per worker (off the event loop)."""
+        if update.per_worker is not None:
+            return None, {w: pack_state(flat_state(src)) for w, src in update.per_worker.items()}
+        source, layout = update.source, self._weights_layout
+        if source is None and not isinstance(self._policy, torch.nn.Module):
+            held = "no policy" if self._policy is None else f"a {type(self._policy).__name__} policy"
+            raise RuntimeError(
+                f"{NO_ROUTE}: this {type(self).__name__} has {held}, not an nn.Module, to read weights from (a "
+                "policy_factory builds its policy in the workers); pass them: update_policy_weights_(weights)"
+            )
+        workers = update.workers or tuple(range(self._num_workers))
+        if layout is None and any(self._mc.factories[w] is None for w in workers):
+            raise TypeError(
+                f"explicit weights need an nn.Module policy in the workers, got {type(self._policy).__name__}; "
+                "collect with an nn.Module policy (or build one with policy_factory)"
+            )
+        source = self._policy if source is None else source
+        state = state_of(layout, source) if layout is not None else flat_state(source)
+        if layout is not None and update.workers is None:
+            return state, {}
+        packed = pack_state(state)
+        return None, dict.fromkeys(workers, packed)
+
+    async def _send_update(self, update: WeightUpdate) -> None:
+        if self._closed:
+            raise CollectorClosedError(f"this {type(self).__name__} was shut down; create a new one")
+        state, packed = await to_thread(self._plan_update, update)
+        async with self._update_lock or anyio.Lock():
+            started = self._started and self._pump is not None
+            if state is not None:
+                if started and self._version > 0:
+                    # A worker that timed out on the last update may still be copying the
+                    # shared store: overwriting it now would hand it a torn mix of two versions.
+                    await self._await_targets(range(self._num_workers))
+                await to_thread(self._publish_shared, state)
+                workers = list(range(self._num_workers))
+            else:
+                workers = sorted(packed)
+                for w in workers:
+                    self._own_weights[w] = packed[w]
+            self._version += 1
+            for w in workers:
+                self._targets[w] = self._version
+            if self._rb is not None:
+                self._rb.policy_version = self._version
+            if not started:
+                return  # workers start from them
+            for w in workers:
+                if self._pump.alive[w]:
+                    self._send_weights(w, shared=state is not None)
+            if self._weight_sync.wait:
+                await self._await_targets(workers)
+
+    def _publish_shared(self, state: dict[str, Any]) -> None:
+        self._publish(state)
+        self._shared_state = _cpu_copy(state)
+        self._own_weights = [None] * self._num_workers  # every worker takes the shared weights now
+
+    def _send_weights(self, w: int, *, shared: bool) -> None:
+        version = self._targets[w]
+        self._mark_busy(w)
+        cmd = ApplyWeights(version) if shared else LoadWeights(version, self._own_weights[w])
+        self._transport.send(w, cmd)
+        if self._mc.preemptive_threshold is None:  # the preempt word is free: overtake the queued batches
+            self._transport.preempt(w, weights_signal(version))
+
+    async def _await_acks(self, version: int, *, send: bool = True) -> None:
+        """Bring every live worker to ``version`` of the shared store (sending it if ``send``) and wait."""
+        pump = self._pump
+        live = [w for w in range(self._num_workers) if pump.alive[w]]
+        behind = [w for w in live if pump.acked[w] < version]
+        for w in live:
+            self._targets[w] = max(self._targets[w], version)
+        if send and behind:
+            for w in live:
+                self._mark_busy(w)
+                self._transport.send(w, ApplyWeights(version))
+        await self._await_targets(live)
+
+    async def _await_targets(self, workers: Any) -> None:
+        """Wait until each live worker of ``workers`` acknowledged its target version."""
+        pump = self._pump
+        live = [w for w in workers if pump.alive[w]]
+
+        def done() -> bool:
+            return all(pump.acked[w] >= self._targets[w] or not pump.alive[w] for w in live)
+
+        with anyio.move_on_after(self._mc.weight_sync_timeout):
+            await pump.until(done)
+            return
+        late = [w for w in live if pump.acked[w] < self._targets[w] and pump.alive[w]]
+        versions = sorted({self._targets[w] for w in late})
+        which = f"policy version {versions[0]}" if len(versions) == 1 else f"policy versions {versions}"
+        raise TimeoutError(
+            f"{self._worker_noun} {late} did not apply {which} within weight_sync_timeout="
+            f"{self._mc.weight_sync_timeout}s; raise weight_sync_timeout or make batches shorter"
+        )
+
+    # -- state -----------------------------------------------------------------------------------
+    def _worker_states(self) -> dict[str, Any]:
+        """TorchRL's per-worker entries of `state_dict`: each worker's version and the weights it was given."""
+        out = {}
+        for w in range(self._num_workers):
+            own = self._own_weights[w]
+            weights = unpack_state(own) if own is not None else self._shared_state
+            out[f"worker{w}"] = {"policy_state_dict": weights, "policy_version": self._targets[w]}
+        return out
+
+    def _restore_workers(self, state_dict: Mapping[str, Any]) -> None:
+        """Give each worker the version (and weights) its entry of ``state_dict`` saved."""
+        pump = self._pump
+        for w in range(self._num_workers):
+            entry = state_dict.get(f"worker{w}")
+            if not isinstance(entry, Mapping):
+                continue
+            version = int(entry.get("policy_version", self._version))
+            weights = entry.get("policy_state_dict")
+            payload = None if weights is None else pack_state(flat_state(weights))
+            self._targets[w] = version
+            if payload is not None:
+                self._own_weights[w] = payload
+            if self._started and pump is not None and pump.alive[w]:
+                if self._mc.preemptive_threshold is None:
+                    self._transport.preempt(w, 0)  # a signal of a newer version must not outlive the restore
+                pump.acked[w] = min(pump.acked[w], version)
+                self._mark_busy(w)
+                self._transport.send(w, LoadWeights(version, payload, restore=True))
