@@ -314,3 +314,16 @@ def test_a_transformed_env_keeps_its_transforms_values() -> None:
         frames_per_batch=7,
     )  # fmt: skip
     assert batch["next", "step_count"].flatten().tolist() == [1, 2, 3, 1, 2, 3, 1]
+
+
+def test_without_traj_ids_a_torchrl_batch_has_no_collector_entry_at_all() -> None:
+    (batch,) = first_batches(SyncDataCollector, CountingEnv, None, n=1, frames_per_batch=4, track_traj_ids=False)
+    assert "collector" not in batch.keys()  # TorchRL's layout: not even an empty group
+
+
+def test_multi_async_per_worker_frames_give_every_batch_their_sum() -> None:
+    batches = first_batches(
+        MultiaSyncDataCollector, [ContinuousActionVecMockEnv] * 2, None, n=3, frames_per_batch=[4, 8],
+        total_frames=36,
+    )  # fmt: skip
+    assert [b.numel() for b in batches] == [12, 12, 12]  # TorchRL's rule, whichever worker delivered

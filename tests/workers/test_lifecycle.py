@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -180,14 +181,30 @@ async def test_cancelling_a_bare_async_for_during_startup_stops_every_worker(cls
         await c.__anext__()
 
 
-@pytest.mark.anyio
-async def test_weight_update_timeout_names_the_late_workers() -> None:
-    def slow_env() -> CountingEnv:
-        return CountingEnv(0, episode_length=10**9)
+class _SaysWhenStepping(CountingEnv):
+    """An endless episode that creates ``flag`` at its first step: the test then knows its worker is mid-batch."""
 
+    def __init__(self, flag: Path) -> None:
+        super().__init__(0, episode_length=10**9)
+        self.flag: Path | None = flag
+
+    def step(self, action):  # type: ignore[no-untyped-def]
+        if self.flag is not None:
+            self.flag.touch()
+            self.flag = None
+        return super().step(action)
+
+
+@pytest.mark.anyio
+async def test_weight_update_timeout_names_the_late_workers(tmp_path: Path) -> None:
+    # Both workers must be inside their (huge) batch: a worker still starting up applies an
+    # update before its first batch, as designed, and would not be late.
+    flags = [tmp_path / f"stepping-{w}" for w in range(2)]
     with anyio.fail_after(90):
-        async with MultiAsyncCollector(slow_env, ScriptedPolicy(1.0), num_workers=2, frames_per_batch=2_000_000,
-                                       weight_sync_timeout=0.5) as c:  # fmt: skip
+        async with MultiAsyncCollector([partial(_SaysWhenStepping, f) for f in flags], ScriptedPolicy(1.0),
+                                       frames_per_batch=2_000_000, weight_sync_timeout=0.5) as c:  # fmt: skip
+            while not all(f.exists() for f in flags):  # polls a condition; orders nothing by time
+                await anyio.sleep(0.01)
             with pytest.raises(TimeoutError, match=r"^workers \[0, 1\] did not apply policy version 1 within"):
                 await c.update_policy_weights_(ScriptedPolicy(-1.0))
 

@@ -154,6 +154,29 @@ async def test_preemptive_threshold_cuts_stragglers_short(backend: str) -> None:
     assert cut[first_cut:].all()
 
 
+async def test_threshold_zero_cuts_every_worker_after_its_first_step(backend: str) -> None:
+    # TorchRL's "stop after one step": no worker waits for another, and each takes at least one step.
+    envs = [partial(SlowWorkerEnv, 0, 10**6, first_index=w + 1) for w in range(2)]  # both slow (20 ms)
+    with anyio.fail_after(90):
+        async with MultiSyncCollector(envs, frames_per_batch=400, total_frames=400,
+                                      preemptive_threshold=0.0, backend=backend) as c:  # fmt: skip
+            batch = await c.__anext__()
+    taken = (batch["collector", "traj_ids"] >= 0).sum(-1)
+    assert ((taken >= 1) & (taken < 200)).all(), taken.tolist()
+
+
+async def test_a_concatenated_preempted_batch_holds_only_the_steps_taken(backend: str) -> None:
+    envs = [partial(SlowWorkerEnv, 0, 10**6, first_index=w) for w in range(2)]
+    with anyio.fail_after(90):
+        async with MultiSyncCollector(envs, frames_per_batch=400, total_frames=400, cat_results=-1,
+                                      preemptive_threshold=0.5, backend=backend) as c:  # fmt: skip
+            batch = await c.__anext__()
+            frames = c.stats().frames
+    assert batch.ndim == 1 and 200 < batch.numel() < 400  # the fast worker's 200, the slow one's prefix
+    assert (batch["collector", "traj_ids"] >= 0).all()  # no -1 padding in a joined batch
+    assert batch.numel() == frames
+
+
 async def test_trajectory_mode_assembles_whole_episodes_from_every_worker(backend: str) -> None:
     rb = ReplayBuffer(10_000)
     with anyio.fail_after(90):
