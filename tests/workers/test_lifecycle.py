@@ -203,7 +203,8 @@ async def test_weight_update_timeout_names_the_late_workers(tmp_path: Path) -> N
     with anyio.fail_after(90):
         async with MultiAsyncCollector([partial(_SaysWhenStepping, f) for f in flags], ScriptedPolicy(1.0),
                                        frames_per_batch=2_000_000, weight_sync_timeout=0.5) as c:  # fmt: skip
-            while not all(f.exists() for f in flags):  # polls a condition; orders nothing by time
+            # Files written by other processes: no event to await, so poll (this orders nothing by time).
+            while not all(f.exists() for f in flags):  # noqa: ASYNC110
                 await anyio.sleep(0.01)
             with pytest.raises(TimeoutError, match=r"^workers \[0, 1\] did not apply policy version 1 within"):
                 await c.update_policy_weights_(ScriptedPolicy(-1.0))
