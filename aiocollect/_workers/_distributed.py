@@ -54,6 +54,7 @@ from ._wire import (
     data_device,
     flat_buffer,
     flat_views,
+    gloo_device,
     pair_group,
     recv_frame,
     send_frame,
@@ -104,6 +105,10 @@ class DistributedTransport(Transport):
         self._session = secrets.token_hex(4)  # pair-group keys of this collector only, in a shared store
         self._device = data_device(options["backend"])
         self._weights: Any = None  # the flat buffer of the last published weights
+        # One gloo device for every node's pair group (see `gloo_device`): dropping a group
+        # is then quick, and the device goes once, at close.
+        self._gloo: Any = None
+        self._gloo_lock = threading.Lock()
         addr = options["master_addr"]
         # Under torchrun the agent already serves a store on MASTER_PORT: use it, as
         # init_process_group would, instead of failing to listen there.
@@ -287,9 +292,9 @@ class DistributedTransport(Transport):
         sock = node.sock
         assert sock is not None and node.hello is not None
         try:
-            pg = node.pg = pair_group(
-                self._store, setup.prefix, 0, setup.backend, self.options["master_addr"], setup.timeout
-            )
+            host = self.options["master_addr"]
+            device = self._gloo_device(host) if setup.backend == "gloo" else None
+            pg = node.pg = pair_group(self._store, setup.prefix, 0, setup.backend, host, setup.timeout, device)
             if setup.weights_follow and self._weights is not None:
                 node.sends.append(pg.send([self._weights], 1, WEIGHTS_TAG))
             while True:
@@ -307,6 +312,12 @@ class DistributedTransport(Transport):
         except Exception:  # end of file, a reset connection or a failed receive: the node is gone
             node.gone = True
             self._push(node, Exited(None))
+
+    def _gloo_device(self, host: str) -> Any:
+        with self._gloo_lock:
+            if self._gloo is None:
+                self._gloo = gloo_device(host)
+            return self._gloo
 
     def _push(self, node: _Node, event: Event) -> None:
         with self._notifier.lock:
@@ -386,6 +397,8 @@ class DistributedTransport(Transport):
         for sock, _ in joined.values():
             sock.close()
         self._store = None  # its server socket closes with it: a closed collector holds no port
+        with self._gloo_lock:
+            self._gloo = None  # groups of abandoned nodes keep it alive as long as they need it
 
     # -- commands and events -----------------------------------------------------------------
     def _send_record_to(self, node: _Node, record: Any) -> bool:

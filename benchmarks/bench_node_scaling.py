@@ -1,0 +1,203 @@
+#!/usr/bin/env python
+"""How the multi-worker engine scales with its node count: close time, trainer CPU, loop latency.
+
+For each node count, in a fresh process (``python -c``, its own process group, killed on
+timeout), an async ``DistributedCollector(sync=True)`` (``launcher="mp"``, ``backend="gloo"``,
+one CartPole-v1 env and the benchmarks' 64-64 MLP per node, 200 frames per node and batch)
+collects a few warm-up batches, then a timed window, then the loop body ``break``s. A 1 ms
+heartbeat task runs on the same event loop the whole time. Per row it reports:
+
+* **close ms**: from ``break`` to ``async with`` returning (every node stopped and reaped,
+  everything freed) and **gone ms**: to every node process having exited;
+* **CPU ms / node-batch**: the trainer process's CPU time over the timed window per node batch
+  it received (what each node costs the trainer);
+* **heartbeat p99 / max**: how late the trainer's event loop ran a 1 ms sleeper while
+  collecting, and (separately) while closing.
+
+The last rows run the same engine with ``MultiSyncCollector(backend="inline")`` (each worker a
+thread of the trainer process), up to 64 workers: the engine's own per-node cost without
+processes. The summary prints each close time over the 2-node one (target: 16 nodes within
+1.5x of 2).
+
+Usage::
+
+    python benchmarks/bench_node_scaling.py            # 2, 4, 8, 16 nodes; inline 2, 16, 64
+    python benchmarks/bench_node_scaling.py --quick    # 2 and 8 nodes; inline 2 and 16
+    python benchmarks/bench_node_scaling.py --nodes 2 16 --repeats 5
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling modules, from any cwd
+import _harness as h
+import _workloads as wl
+from _harness import Col, log
+
+NODE_FPB = 200
+TARGET_16_OVER_2 = 1.5
+
+
+def _make(cfg: dict[str, Any], policy: Any) -> Any:
+    import aiocollect
+
+    n, fpb = cfg["nodes"], cfg["nodes"] * NODE_FPB
+    envs = [functools.partial(wl.make_env, "CartPole-v1")] * n
+    if cfg["kind"] == "inline":
+        return aiocollect.MultiSyncCollector(envs, policy, frames_per_batch=fpb, total_frames=-1, backend="inline")
+    return aiocollect.DistributedCollector(
+        envs, policy, sync=True, frames_per_batch=fpb, total_frames=-1, launcher="mp", backend="gloo",
+        collector_class=aiocollect.Collector,
+    )  # fmt: skip
+
+
+async def _measure(cfg: dict[str, Any]) -> dict[str, Any]:
+    import anyio
+    import psutil
+
+    policy = wl.seeded(wl.DiscretePolicy, 4, 2)
+    me = psutil.Process()
+    hb = h.Heartbeat()
+    out: dict[str, Any] = {}
+    warm, n = cfg["warm"], cfg["batches"]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(hb.run)
+        t0 = time.perf_counter()
+        async with _make(cfg, policy) as c:
+            i = 0
+            async for _batch in c:
+                i += 1
+                if i == 1:
+                    out["first_s"] = time.perf_counter() - t0
+                if i == warm:
+                    nodes = h.child_processes()[0] if cfg["kind"] != "inline" else []
+                    cpu0, t_steady = me.cpu_times(), time.perf_counter()
+                if i == warm + n:
+                    cpu1 = me.cpu_times()
+                    break
+            t_break = time.perf_counter()
+        t_closed = time.perf_counter()
+        hb.stop()
+    left = [p for p in nodes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    deadline = t_closed + 30.0
+    while left and time.perf_counter() < deadline:
+        await anyio.sleep(0.002)
+        left = [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    t_gone = time.perf_counter()
+    cpu = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
+    steady = [g for _, g in hb.phased(t_steady, t_steady, t_break) if _ == 1]
+    closing = [g for _, g in hb.phased(t_break, t_break, t_break) if _ == 2]
+    out.update(
+        close_s=t_closed - t_break,
+        gone_s=t_gone - t_break if not left else None,
+        left_alive=[p.pid for p in left],
+        cpu_ms_per_node_batch=cpu / (n * cfg["nodes"]) * 1e3,
+        steady_fps=n * cfg["nodes"] * NODE_FPB / (t_break - t_steady),
+        hb_steady=h.gap_summary(steady),
+        hb_close=h.gap_summary(closing),
+    )
+    return out
+
+
+def child_main(cfg: dict[str, Any], t_start: float) -> dict[str, Any]:
+    import warnings
+
+    import anyio
+    import torch
+
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    return anyio.run(_measure, cfg)
+
+
+def _child_entry(cfg_json: str, t_start: float) -> None:
+    h.child_entry(child_main, cfg_json, t_start)
+
+
+COLUMNS = [
+    Col("collector", "{label}", left=True),
+    Col("nodes", "{nodes}"),
+    Col("close ms", lambda r: h.fmt_n(r["close_s"] * 1e3)),
+    Col("x 2 nodes", h.ratio("close_vs_2")),
+    Col("gone ms", lambda r: h.fmt_n((r["gone_s"] or h.NAN) * 1e3)),
+    Col("trainer CPU ms / node-batch", lambda r: h.fmt_n(r["cpu_ms_per_node_batch"], 2)),
+    Col("frames/s", lambda r: h.fmt_n(r["steady_fps"])),
+    Col("heartbeat p99 ms (collecting)", lambda r: h.fmt_n(r["hb_steady_p99"], 1)),
+    Col("heartbeat p99 / max ms (closing)", lambda r: f"{r['hb_close_p99']:.1f} / {r['hb_close_max']:.1f}"),
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = h.parser(__doc__, quick="2 and 8 nodes, inline 2 and 16, one repeat", repeats="fresh processes per row")
+    ap.add_argument("--nodes", type=int, nargs="+", help="distributed node counts (default 2 4 8 16)")
+    ap.add_argument("--inline", type=int, nargs="*", help="inline worker counts (default 2 16 64)")
+    args = ap.parse_args(argv)
+    repeats = args.repeats or (1 if args.quick else 3)
+    nodes = args.nodes or ([2, 8] if args.quick else [2, 4, 8, 16])
+    inline = args.inline if args.inline is not None else ([2, 16] if args.quick else [2, 16, 64])
+    import aiocollect
+
+    run = h.Session("torch", "gymnasium", "anyio", aiocollect=aiocollect.__version__)
+    run.header(
+        f"bench_node_scaling: {repeats} fresh process(es) per row; DistributedCollector(sync=True, launcher='mp', "
+        f"backend='gloo'), {NODE_FPB} CartPole frames per node and batch; MultiSyncCollector(backend='inline')",
+        sys.executable,
+    )
+    plan = [("distributed", n) for n in nodes] + [("inline", n) for n in inline]
+    runs: dict[tuple[str, int], list[dict[str, Any]]] = {p: [] for p in plan}
+    for rep in range(repeats):
+        for kind, n in plan:  # round robin: a drift of the machine's speed hits every row alike
+            cfg = {"kind": kind, "nodes": n, "warm": 2, "batches": 3 if args.quick else 6}
+            r = h.run_child("bench_node_scaling", cfg, timeout=300.0)
+            runs[(kind, n)].append(r)
+            if "error" in r:
+                log(f"  round {rep + 1} {kind} x{n}: FAILED {r['error']}")
+            else:
+                log(f"  round {rep + 1} {kind} x{n}: close {r['close_s'] * 1e3:.0f} ms")
+    rows: list[dict[str, Any]] = []
+    for kind, n in plan:
+        ok = [r for r in runs[(kind, n)] if "error" not in r]
+        if not ok:
+            continue
+        rows.append(
+            {
+                "kind": kind,
+                "label": "DistributedCollector (mp)" if kind == "distributed" else "MultiSyncCollector (inline)",
+                "nodes": n,
+                "close_s": h.median(r["close_s"] for r in ok),
+                "gone_s": h.median(r["gone_s"] for r in ok) if all(r["gone_s"] is not None for r in ok) else None,
+                "cpu_ms_per_node_batch": h.median(r["cpu_ms_per_node_batch"] for r in ok),
+                "steady_fps": h.median(r["steady_fps"] for r in ok),
+                "hb_steady_p99": h.median(r["hb_steady"]["p99_ms"] for r in ok),
+                "hb_close_p99": h.median(r["hb_close"]["p99_ms"] for r in ok),
+                "hb_close_max": max(r["hb_close"]["max_ms"] for r in ok),
+                "leaks": [r["left_alive"] for r in ok if r["left_alive"]],
+            }
+        )
+    for r in rows:
+        base = next((b for b in rows if b["kind"] == r["kind"] and b["nodes"] == 2), None)
+        r["close_vs_2"] = r["close_s"] / base["close_s"] if base else h.NAN
+    log("")
+    for line in h.markdown_table(COLUMNS, rows):
+        log(line)
+    checks = h.Checks()
+    r16 = next((r for r in rows if r["kind"] == "distributed" and r["nodes"] == 16), None)
+    if r16 is not None:
+        x = r16["close_vs_2"]
+        checks.add(f"16 nodes close within {TARGET_16_OVER_2}x of 2 nodes", x <= TARGET_16_OVER_2, h.fmt_x(x))
+    for r in rows:
+        if r["leaks"]:
+            log(f"  LEAK: {r['label']} x{r['nodes']}: node processes alive 30 s after close: {r['leaks']}")
+    checks.report()
+    run.footer()
+    run.write_json(args.json, rows=rows, checks=checks.as_json())
+    return checks.exit_code(args.strict)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
