@@ -105,7 +105,11 @@ def multi_signature(init: Any) -> inspect.Signature:
 def _per_worker(name: str, value: Any, n: int) -> list[Any]:
     if isinstance(value, (list, tuple)):
         if len(value) != n:
-            raise ValueError(f"{name} has {len(value)} entries but there are {n} workers; give one per worker")
+            # TorchRL's sentence first (its users match on it), then the value and the fix.
+            raise ValueError(
+                f"If `{name}` is provided as a sequence, it should contain exactly one value per worker: got "
+                f"{len(value)} values for {n} workers; give one per worker"
+            )
         return list(value)
     return [value] * n
 

@@ -203,7 +203,13 @@ async def test_fds_do_not_grow_with_batches(backend: str) -> None:
 def test_bad_arguments_fail_before_spawning() -> None:
     with pytest.raises(ValueError, match=r"^num_workers must be a positive int"):
         MultiSyncCollector(counting_env, num_workers=0, frames_per_batch=8)
-    with pytest.raises(ValueError, match=r"^frames_per_batch has 3 entries but there are 2 workers"):
+    with pytest.raises(
+        ValueError,
+        match=(
+            r"^If `frames_per_batch` is provided as a sequence, it should contain exactly one value per worker: "
+            r"got 3 values for 2 workers; give one per worker$"
+        ),
+    ):
         MultiSyncCollector(counting_env, num_workers=2, frames_per_batch=[1, 2, 3])
     with pytest.raises(ValueError, match=r"^cat_results is only for MultiSyncCollector"):
         MultiAsyncCollector(counting_env, num_workers=2, frames_per_batch=8, cat_results=0)
