@@ -110,6 +110,11 @@ class _EnvBase:
     spec: EnvSpec
     #: Adapters whose ``_reset_arrays`` accepts a numpy mask set this (the gymnasium ones).
     _numpy_masks = False
+    #: True right after ``_reset_arrays`` when the observations it returned hold every env's
+    #: next observation (the rows it reset and the others alike) and stay unchanged until the
+    #: env's next step: the rollout then takes them as they are instead of merging the reset
+    #: rows into its own copy. Adapters that know it set it (the gymnasium ones).
+    _reset_full = False
     _spec_shapes: _Promise | None = None
 
     def _promised(self) -> _Promise:

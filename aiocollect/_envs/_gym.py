@@ -96,6 +96,13 @@ class _GymBase(BatchedEnv):
         self._act_dtype = getattr(self._act_leaves[0].space, "dtype", None) if self._plain_act else None
         self._act_int = self._plain_act and self._act_leaves[0].spec.kind == "discrete"
 
+    def _write_reset(self, obs: Any) -> None:
+        """Copy a whole reset observation into ``_reset_obs`` (numpy for a plain array: as `_step_arrays`)."""
+        if self._plain_obs and getattr(obs, "shape", None) == self._plain_shape:
+            self._reset_obs_np[self._obs_key][...] = obs  # a fraction of the torch conversion's cost
+        else:
+            write_obs(self._obs_leaves, obs, self._reset_obs, self._src, "reset()")
+
     def _gym_action(self, action: dict[NestedKey, Any], single: bool) -> Any:
         if not self._plain_act:
             return to_gym_action(self._act_leaves, action, single=single)
@@ -132,13 +139,15 @@ class _GymBase(BatchedEnv):
 
 
 class _GymSingle(_GymBase):
+    _reset_full = True  # a reset writes the one env's whole observation
+
     def __init__(self, env: gym.Env[Any, Any], one_hot: bool) -> None:
         src = _source(env, "gymnasium.Env", "observation_space")
         super().__init__(env, env.observation_space, env.action_space, torch.Size([]), one_hot, src)
 
     def _reset_arrays(self, mask: torch.Tensor | None, seeds: Sequence[int] | None) -> dict[NestedKey, torch.Tensor]:
         obs, _ = self.env.reset(seed=None if seeds is None else int(seeds[0]))
-        write_obs(self._obs_leaves, obs, self._reset_obs, self._src, "reset()")
+        self._write_reset(obs)
         return self._reset_obs
 
     def _step_arrays(self, action: dict[NestedKey, Any], out: StepOut | None = None) -> StepArrays:
@@ -173,6 +182,7 @@ class _GymVector(_GymBase):
         self._same_step = gym.vector.AutoresetMode(mode) == gym.vector.AutoresetMode.SAME_STEP
         self._auto_reset = np.zeros(env.num_envs, dtype=np.bool_)
         self._no_rows = bytes(env.num_envs)  # a row mask's bytes when no row is selected
+        self._stashed = False  # this step copied every row's next observation into _reset_obs
 
     def _reset_arrays(self, mask: Any, seeds: Sequence[int] | None) -> dict[NestedKey, torch.Tensor]:
         seed = None if seeds is None else [int(s) for s in seeds]
@@ -180,8 +190,9 @@ class _GymVector(_GymBase):
             mask = mask.numpy()
         if mask is None or (not self._same_step and bool(mask.all())):
             obs, _ = self.env.reset(seed=seed)
-            write_obs(self._obs_leaves, obs, self._reset_obs, self._src, "reset()")
+            self._write_reset(obs)
             self._auto_reset[:] = False
+            self._reset_full, self._stashed = True, False
             return self._reset_obs
         # In SAME_STEP mode gymnasium already reset the rows that ended during step() and their
         # reset observations were stashed then; only the other rows (ended by the collector's
@@ -192,9 +203,13 @@ class _GymVector(_GymBase):
             obs, _ = self.env.reset(seed=seed, options={"reset_mask": need})
             write_obs(self._obs_leaves, obs, self._reset_obs, self._src, "reset()", rows=need)
         self._auto_reset[:] = False
+        # The rows gymnasium reset, the rows reset here and the others' next observations: all
+        # of them, if this step stashed every row.
+        self._reset_full, self._stashed = self._stashed, False
         return self._reset_obs
 
     def _step_arrays(self, action: dict[NestedKey, Any], out: StepOut | None = None) -> StepArrays:
+        self._stashed = False
         obs, reward, term, trunc, info = self.env.step(self._gym_action(action, single=False))
         if isinstance(out, StepOut) and self._plain_obs:
             return self._step_into(out, obs, reward, term, trunc, info)
@@ -213,6 +228,7 @@ class _GymVector(_GymBase):
             self._auto_reset = np.asarray(info["_final_obs"], dtype=np.bool_).copy()
             for k, v in dst.items():
                 self._reset_obs[k].copy_(v)
+            self._stashed = True
             for i in np.flatnonzero(self._auto_reset):
                 write_row(self._obs_leaves, info["final_obs"][i], dst, int(i), self._src, "step()", _final(i))
         return dst, torch.from_numpy(reward), torch.from_numpy(term), torch.from_numpy(trunc)
@@ -258,6 +274,7 @@ class _GymVector(_GymBase):
             # ones in info: keep the former for the collector, record the latter.
             self._auto_reset = np.asarray(info["_final_obs"], dtype=np.bool_).copy()
             np.copyto(self._reset_obs_np[key], dst)
+            self._stashed = True
             final, row = info["final_obs"], self._plain_shape[1:]  # type: ignore[index]
             for i in np.flatnonzero(self._auto_reset):
                 f = final[i]

@@ -27,6 +27,7 @@ from ._arrays import expand_mask as _expand
 from ._arrays import next_key as _nxt
 from ._arrays import np_views as _np_views
 from ._arrays import numpy_or_none as _numpy
+from ._fused import fused_ok, run_fused
 from ._output import RolloutOutput
 from ._policy import PolicyAdapter
 
@@ -130,10 +131,24 @@ class Rollout(RolloutOutput):
     def _apply_reset_np(self, reset_obs: dict[NestedKey, torch.Tensor], mask: np.ndarray) -> None:
         # The numpy twin of the masked branch of `apply_reset` (same results, fewer dispatches:
         # it runs at every episode end). Rows are flat indices of the batch.
-        carrier, carrier_np, obs_np = self._carrier, self._carrier_np, self._obs_np
         rows: Any = () if mask.ndim == 0 else np.flatnonzero(mask)  # (): a single env's whole row
         if len(rows) == 1:
             rows = int(rows[0])  # plain indexing: a fraction of the cost of fancy indexing
+        if self.env._reset_full:
+            # Every row's next observation, unchanged until the env's next step (which comes
+            # after act() copied it into the storage): nothing to merge.
+            self.obs, self._obs_np = reset_obs, {k: self._np(v) for k, v in reset_obs.items()}
+        else:
+            self._merge_reset_np(reset_obs, mask, rows)
+        ids, steps = self._traj_np.reshape(-1), self._steps_np.reshape(-1)  # views: flat rows
+        if isinstance(rows, tuple):
+            ids, steps = self._traj_np, self._steps_np  # 0-d: indexed by ()
+        ids[rows] = self.counter.take_np(len(rows)) if isinstance(rows, np.ndarray) else self.counter.take_one()
+        steps[rows] = 0
+
+    def _merge_reset_np(self, reset_obs: dict[NestedKey, torch.Tensor], mask: np.ndarray, rows: Any) -> None:
+        """The reset rows of ``reset_obs`` over the current observation, into the carrier."""
+        carrier, carrier_np, obs_np = self._carrier, self._carrier_np, self._obs_np
         for k, v in self.obs.items():
             c, dst = carrier.get(k), carrier_np.get(k)
             if c is None or dst is None or c.shape != v.shape or c.dtype != v.dtype:
@@ -149,11 +164,6 @@ class Rollout(RolloutOutput):
             else:
                 np.copyto(dst, src, where=mask.reshape(mask.shape + (1,) * (dst.ndim - mask.ndim)))
         self.obs, self._obs_np = dict(carrier), dict(carrier_np)
-        ids, steps = self._traj_np.reshape(-1), self._steps_np.reshape(-1)  # views: flat rows
-        if isinstance(rows, tuple):
-            ids, steps = self._traj_np, self._steps_np  # 0-d: indexed by ()
-        ids[rows] = self.counter.take_np(len(rows)) if isinstance(rows, np.ndarray) else self.counter.take_one()
-        steps[rows] = 0
 
     def _np(self, t: torch.Tensor) -> np.ndarray:
         """A numpy view of ``t``, cached (an adapter's reset buffers are reused every step)."""
@@ -391,6 +401,8 @@ class Rollout(RolloutOutput):
             if self.pending_reset():
                 self.apply_reset(env._reset_arrays(None, self.seeds), None)
             self.begin(random)
+            if fused_ok(self, random):
+                return run_fused(self, env, preempt, Interrupted)
             T, plain = self.T, not self.max_steps
             last = T - 1 if self.set_truncated else T
             for t in range(T):
