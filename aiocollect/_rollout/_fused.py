@@ -19,13 +19,12 @@ import torch
 
 if TYPE_CHECKING:
     from .._envs._base import BatchedEnv
-    from ._rollout import Rollout
 
 __all__ = ["fused_ok", "run_fused"]
 
 
-def fused_ok(r: Rollout, random: bool) -> bool:
-    """Whether `run_fused` can run this batch (checked once per batch)."""
+def fused_ok(r: Any, random: bool) -> bool:
+    """Whether `run_fused` can run this batch of the `Rollout` ``r`` (checked once per batch)."""
     return (
         not random
         and not r.max_steps
@@ -39,7 +38,7 @@ def fused_ok(r: Rollout, random: bool) -> bool:
     )
 
 
-def run_fused(r: Rollout, env: BatchedEnv, preempt: Callable[[], bool] | None, interrupted: type[Exception]) -> int:
+def run_fused(r: Any, env: BatchedEnv, preempt: Callable[[], bool] | None, interrupted: type[Exception]) -> int:
     """`Rollout._run`'s loop (after `Rollout.begin`, under ``no_grad``); returns the steps taken.
 
     ``interrupted`` is raised when the collector sets the rollout's ``stop`` event.
