@@ -65,7 +65,7 @@ def run_fused(r: Any, env: BatchedEnv, preempt: Callable[[], bool] | None, inter
         views = r._step_views = views_at[t]
         obs_np = r._obs_np
         for k, dst_np in views.obs_np:
-            dst_np[...] = obs_np[k]  # type: ignore[index]
+            dst_np[...] = obs_np[k]
         action: dict[Any, Any] = {}
         out_np = views.out_np
         for k in action_keys:
