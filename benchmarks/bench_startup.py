@@ -176,8 +176,13 @@ def child_main(cfg: dict[str, Any], t_start: float) -> dict[str, Any]:
     """Runs in a fresh process: the first collector, ``later`` more, ``restarts`` restart
     trials and, with ``probe``, a first and a second collector with timestamped envs."""
     import aiocollect
+
+    # The class lookup imports what the parent needs for batches (tensordict, which imports
+    # torch._dynamo): a script that looks the class up and builds it at once pays it too.
+    t_lookup = time.perf_counter()
     from aiocollect.blocking import MultiSyncCollector
 
+    lookup_s = time.perf_counter() - t_lookup
     torch.set_num_threads(1)
     policy = wl.seeded(wl.DiscretePolicy, 4, 2)
     method = cfg["start_method"]
@@ -187,6 +192,7 @@ def child_main(cfg: dict[str, Any], t_start: float) -> dict[str, Any]:
         "aiocollect_file": aiocollect.__file__,
         "aiocollect_version": aiocollect.__version__,
         "tensordict_in_child": "tensordict" in sys.modules,
+        "lookup_s": lookup_s,
     }
 
     def make(env: Any, **extra: Any) -> Any:
@@ -356,6 +362,9 @@ def summarize(method: str, children: list[dict[str, Any]], ref: float) -> dict[s
         "first_s": h.median(firsts),
         "first_runs_s": firsts,
         "first_ratio": h.median(firsts) / ref if ref else math.nan,
+        # As a script that imports aiocollect, then looks the class up and builds it, sees it.
+        "first_with_lookup_s": h.median([c["lookup_s"] + c["first"]["first_s"] for c in ok]),
+        "lookup_s": h.median([c["lookup_s"] for c in ok]),
         "later_median_s": h.median(later),
         "later_max_s": max(later) if later else math.nan,
         "later_runs_s": later,
@@ -604,6 +613,12 @@ def targets(checks: h.Checks, methods: list[str], summ: dict[str, Any], probes: 
             s["first_ratio"] <= lim if math.isfinite(s["first_ratio"]) else False,
             f"{h.fmt_x(s['first_ratio'])} ({h.fmt_s(s['first_s'])} s vs {h.fmt_s(ref)} s)",
         )
+        with_lookup = s["first_with_lookup_s"] / ref if ref else math.nan
+        checks.add(
+            f"{m}: first collector, counting the class lookup, <= {lim:g}x `{REFERENCE_CMD}`",
+            with_lookup <= lim if math.isfinite(with_lookup) else False,
+            f"{h.fmt_x(with_lookup)} ({h.fmt_s(s['first_with_lookup_s'])} s: lookup {h.fmt_s(s['lookup_s'])} s)",
+        )
         lim = TARGETS["later_s"]
         checks.add(
             f"{m}: every later collector of the same process < {lim:g} s",
@@ -637,6 +652,11 @@ def result_rows(methods: list[str], summ: dict[str, Any], ref: float, n: int, ro
          lambda s: h.fmt_s(s["first_s"]), ""),
         (f'... / `python -c "{REFERENCE_CMD}"` ({h.fmt_s(ref)} s, median of {rounds})',
          lambda s: h.fmt_x(s["first_ratio"]), f"<= {TARGETS['first_ratio']:g}x"),
+        ("the same, counting the class lookup `from aiocollect.blocking import MultiSyncCollector` (s)",
+         lambda s: h.fmt_s(s["first_with_lookup_s"]), ""),
+        ("... of which the class lookup (s)", lambda s: h.fmt_s(s["lookup_s"]), ""),
+        ("... / the reference", lambda s: h.fmt_x(s["first_with_lookup_s"] / ref if ref else math.nan),
+         f"<= {TARGETS['first_ratio']:g}x"),
         ("later collectors of the same process: median (s)", lambda s: h.fmt_s(s["later_median_s"]), ""),
         (f"later collectors: max (s, of {n_later})", lambda s: h.fmt_s(s["later_max_s"]),
          f"< {TARGETS['later_s']:g} s"),
