@@ -81,7 +81,7 @@ class MpLauncher(Launcher):
 
     def launch(self, rank: int, args: tuple[Any, ...]) -> None:
         from ._distributed_node import node_main
-        from ._subprocess import _START_LOCK, _check_not_bootstrapping
+        from ._subprocess import _check_not_bootstrapping, start_leaving_start_method
 
         _check_not_bootstrapping()
         self._codes.pop(rank, None)
@@ -91,14 +91,7 @@ class MpLauncher(Launcher):
             daemon=True,
         )  # fmt: skip
         try:
-            with _START_LOCK:  # as in the subprocess transport: never fix the global start method
-                default = getattr(multiprocessing.context, "_default_context", None)
-                unset = getattr(default, "_actual_context", False) is None
-                try:
-                    process.start()
-                finally:
-                    if unset:
-                        default._actual_context = None  # type: ignore[union-attr]
+            start_leaving_start_method(process)
         except BaseException:
             alive_w.close()
             raise

@@ -49,6 +49,23 @@ _FORKSERVER_PRELOAD = [
 _START_LOCK = threading.Lock()
 
 
+def start_leaving_start_method(process: Any) -> None:
+    """``process.start()``, leaving the global start method as it was.
+
+    Starting a process makes multiprocessing fix the *global* start method (it records it for
+    the child), after which the user's own ``set_start_method()`` fails. A library must not do
+    that: undo it if it was unset before. Processes start from several threads at once.
+    """
+    with _START_LOCK:
+        default = getattr(multiprocessing.context, "_default_context", None)
+        unset = getattr(default, "_actual_context", False) is None
+        try:
+            process.start()
+        finally:
+            if unset:
+                default._actual_context = None  # type: ignore[union-attr]
+
+
 def _default_start_method() -> str:
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
@@ -129,18 +146,8 @@ class SubprocessTransport(Transport):
             name=f"aiocollect-worker-{w}",
             daemon=True,
         )  # fmt: skip
-        # Starting a process makes multiprocessing fix the *global* start method (it records
-        # it for the child), after which the user's own set_start_method() fails. A library
-        # must not do that: undo it if it was unset before.
         try:
-            with _START_LOCK:  # workers start from several threads at once
-                default = getattr(multiprocessing.context, "_default_context", None)
-                unset = getattr(default, "_actual_context", False) is None
-                try:
-                    process.start()
-                finally:
-                    if unset:
-                        default._actual_context = None  # type: ignore[union-attr]
+            start_leaving_start_method(process)
         finally:
             # The child has its own copies now; keeping ours would hide the child's death.
             child.close()
