@@ -6,6 +6,8 @@ asyncio's; trio takes the generic one).
 
 from __future__ import annotations
 
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -13,6 +15,7 @@ import anyio.lowlevel
 import numpy as np
 import pytest
 import torch
+from _rendezvous import MeetingSleepyEnv, met
 from gymnasium import spaces
 
 from aiocollect import (
@@ -157,13 +160,20 @@ def pool_of_sleepy() -> AsyncEnvPool:
     return AsyncEnvPool([SleepyAsyncEnv(delay=0.001, episode_length=5) for _ in range(8)])
 
 
+def pool_that_meets(directory: str) -> AsyncEnvPool:
+    """Both workers' 16 envs meet at the first step of the second 80-frame batch (10 steps each)."""
+    return AsyncEnvPool([MeetingSleepyEnv(directory, 16, 11) for _ in range(8)])
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("kind", ["MultiSync", "MultiaSync", "aSync"])
-def test_coroutine_envs_in_worker_processes_run_on_each_workers_loop(kind: str) -> None:
+def test_coroutine_envs_in_worker_processes_run_on_each_workers_loop(kind: str, tmp_path: Path) -> None:
     if kind == "MultiSync":
         collector = MultiSyncDataCollector([pool_of_sleepy] * 2, None, frames_per_batch=160, total_frames=480)
     elif kind == "MultiaSync":
-        collector = MultiaSyncDataCollector([pool_of_sleepy] * 2, None, frames_per_batch=80, total_frames=480)
+        # First come, first served: without the meeting one worker may deliver all six batches.
+        meeting = partial(pool_that_meets, str(tmp_path))
+        collector = MultiaSyncDataCollector([meeting] * 2, None, frames_per_batch=80, total_frames=480)
     else:
         collector = aSyncDataCollector(pool_of_sleepy, None, frames_per_batch=80, total_frames=480)
     try:
@@ -171,6 +181,7 @@ def test_coroutine_envs_in_worker_processes_run_on_each_workers_loop(kind: str) 
     finally:
         collector.shutdown()
     assert sum(b.numel() for b in batches) == 480
+    assert met(tmp_path) == (16 if kind == "MultiaSync" else 0)  # every env met
     workers = set()
     for b in batches:
         nxt, obs = b["next", "observation"][..., 0], b["observation"][..., 0]

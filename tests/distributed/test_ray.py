@@ -13,6 +13,7 @@ import os
 import signal
 import time
 from functools import partial
+from pathlib import Path
 
 import anyio
 import pytest
@@ -25,6 +26,7 @@ from aiocollect.testing import CountingEnv, FailingEnv, ScriptedPolicy
 ray = pytest.importorskip("ray")
 from _node_envs import check_envs_on_nodes  # noqa: E402
 from _ray_procs import local_ray, no_leaks  # noqa: E402, F401  (the module's Ray and its leak check)
+from _rendezvous import MeetingCountingEnv, met  # noqa: E402
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 
@@ -48,14 +50,18 @@ def kw(**extra: object) -> dict[str, object]:
 @pytest.mark.parametrize(
     ("anyio_backend", "sync"), [("asyncio", True), ("asyncio", False), ("trio", True)], indirect=["anyio_backend"]
 )
-async def test_two_actors_deliver_batches_with_global_ids(sync: bool, loopback_only) -> None:
+async def test_two_actors_deliver_batches_with_global_ids(sync: bool, loopback_only, tmp_path: Path) -> None:
+    # Both actors meet at the first step of their second batch: first come, first served
+    # cannot then serve one actor's five batches before the other actor's first.
+    meeting = partial(MeetingCountingEnv, str(tmp_path), 2, 21)
     with anyio.fail_after(120):
         async with RayCollector(
-            [counting] * 2, scripted(), frames_per_batch=20, total_frames=100, sync=sync, **kw()
+            [meeting] * 2, scripted(), frames_per_batch=20, total_frames=100, sync=sync, **kw()
         ) as c:
             batches = [b async for b in c]
             pids = c._worker_pids()
     assert c.stats().frames == 100
+    assert met(tmp_path) == 2  # both actors met
     if sync:
         assert all(b.shape == torch.Size([2, 1, 10]) for b in batches)
         assert all(b[WORKER_ID][i].eq(i).all() for b in batches for i in range(2))

@@ -6,11 +6,13 @@ import os
 import signal
 import time
 from functools import partial
+from pathlib import Path
 
 import anyio
 import pytest
 import torch
 from _node_envs import check_envs_on_nodes
+from _rendezvous import MeetingCountingEnv, met
 from tensordict.nn import TensorDictModule
 
 from aiocollect import RPCCollector, WorkerCrashedError, WorkerError
@@ -55,13 +57,17 @@ def tensorpipe_process_state() -> None:
 @pytest.mark.parametrize(
     ("anyio_backend", "sync"), [("asyncio", True), ("asyncio", False), ("trio", False)], indirect=["anyio_backend"]
 )
-async def test_two_nodes_deliver_batches_with_global_ids(sync: bool, loopback_only) -> None:
+async def test_two_nodes_deliver_batches_with_global_ids(sync: bool, loopback_only, tmp_path: Path) -> None:
+    # Both nodes meet at the first step of their second batch: first come, first served
+    # cannot then serve one node's five batches before the other node's first.
+    meeting = partial(MeetingCountingEnv, str(tmp_path), 2, 21)
     with anyio.fail_after(60):
         async with RPCCollector(
-            [counting] * 2, scripted(), frames_per_batch=20, total_frames=100, sync=sync, **kw()
+            [meeting] * 2, scripted(), frames_per_batch=20, total_frames=100, sync=sync, **kw()
         ) as c:
             batches = [b async for b in c]
     assert c.stats().frames == 100
+    assert met(tmp_path) == 2  # both nodes met
     if sync:
         assert all(b.shape == torch.Size([2, 1, 10]) for b in batches)
         assert all(b[WORKER_ID][i].eq(i).all() for b in batches for i in range(2))

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
+from functools import partial
+from pathlib import Path
 
 import anyio
 import pytest
 import torch
+from _rendezvous import MeetingCountingEnv, met
 
 from aiocollect import (
     AsyncCollector,
@@ -53,14 +56,18 @@ async def test_multisync_cat_results(cat: int, shape: tuple[int, int], backend: 
     assert batch.names[-1] == "time"
 
 
-async def test_multiasync_delivers_whole_worker_batches_first_come(backend: str) -> None:
+async def test_multiasync_delivers_whole_worker_batches_first_come(backend: str, tmp_path: Path) -> None:
+    # The workers meet at the first step of their second batch (4 steps of 2 envs each):
+    # neither can deliver a second batch before the other has delivered its first.
+    meeting = partial(MeetingCountingEnv, str(tmp_path), 2, 5, num_envs=2, episode_length=3)
     with anyio.fail_after(60):
         async with MultiAsyncCollector(
-            counting_env, num_workers=2, frames_per_batch=8, total_frames=64, backend=backend
+            meeting, num_workers=2, frames_per_batch=8, total_frames=64, backend=backend
         ) as c:
             batches = [b async for b in c]
             assert c.stats().workers_alive == 2
     assert all(b.shape == (2, 4) for b in batches) and len(batches) == 8
+    assert met(tmp_path) == 2  # both workers met
     workers = {int(b["collector", "worker_id"][0, 0]) for b in batches}
     assert workers == {0, 1}
     for b in batches:
