@@ -123,6 +123,12 @@ __all__ = (
 )
 
 
+# Collectors whose workers are forked from the fork server by default: looking one up starts it.
+_FORKING = frozenset(
+    {"AsyncCollector", "MultiAsyncCollector", "MultiSyncCollector"}
+    | {"aSyncDataCollector", "MultiaSyncDataCollector", "MultiSyncDataCollector"}
+)
+
 # The public submodules, imported on first use too: ``aiocollect.blocking.Collector`` works
 # after a bare ``import aiocollect``. Not in __all__, so ``import *`` does not import them.
 _SUBMODULES = ("blocking", "testing")
@@ -135,6 +141,12 @@ def __getattr__(name: str) -> Any:
         module, attr = _LAZY[name]
     except KeyError:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    if name in _FORKING:
+        # Before the import below (tensordict: about a second): the fork server's own start
+        # (torch: as long) then runs beside it instead of after it. See _workers._prestart.
+        from ._workers._prestart import prestart_forkserver
+
+        prestart_forkserver()
     obj = getattr(importlib.import_module(module, __name__), attr)
     # trio's trick: reprs, tracebacks and pickles name the public path, not the private module.
     mod = getattr(obj, "__module__", None)

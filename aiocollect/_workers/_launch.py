@@ -67,27 +67,30 @@ class MpLauncher(Launcher):
     """Local processes, from the fork server (like subprocess workers) or spawned."""
 
     def __init__(self, start_method: str, main: Callable[..., None] | None = None) -> None:
-        from ._subprocess import _preload_forkserver
+        from ._prestart import preload_forkserver
 
         self._main = main
         # get_context(str) is typed BaseContext, which declares no Process; the start methods
         # the options allow (START_METHODS: "forkserver", "spawn") give one of these two.
         self._ctx = cast("ForkServerContext | SpawnContext", multiprocessing.get_context(start_method))
         if start_method == "forkserver":
-            _preload_forkserver(self._ctx)
+            preload_forkserver(self._ctx)
         self._procs: dict[int, Any] = {}
         self._codes: dict[int, int] = {}  # exit codes of released processes
         self._alive: dict[int, Any] = {}  # write ends whose EOF tells a node that this process died
 
     def launch(self, rank: int, args: tuple[Any, ...]) -> None:
         from ._distributed_node import node_main
+        from ._prestart import run_in_environ
         from ._subprocess import _check_not_bootstrapping, start_leaving_start_method
 
         _check_not_bootstrapping()
         self._codes.pop(rank, None)
         alive_r, alive_w = self._ctx.Pipe(duplex=False)
         process = self._ctx.Process(
-            target=run_leading_group, args=(alive_r, self._main or node_main, *args), name=f"aiocollect-node-{rank}",
+            target=run_in_environ,
+            args=(dict(os.environ), run_leading_group, alive_r, self._main or node_main, *args),
+            name=f"aiocollect-node-{rank}",
             daemon=True,
         )  # fmt: skip
         try:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.process
-import threading
+import os
 from collections import deque
 from collections.abc import Mapping
 from multiprocessing.reduction import send_handle
@@ -30,6 +30,7 @@ import anyio.to_thread
 from .._core._errors import WorkerCrashedError, worker_error_from_message
 from ._launch_group import kill_group, sweep_group
 from ._messages import AttachStorage, Close, Command, Event, Exited, Failed, Ready
+from ._prestart import leaving_start_method, preload_forkserver, run_in_environ
 from ._subprocess_main import CONTROL_BYTES, FdArg, SlotsGiven, SlotsWanted, subprocess_main
 from ._transport import BUSY, CONTROL_WORDS, PREEMPT, PROGRESS, STOP, Tensors, Transport
 
@@ -37,33 +38,11 @@ __all__ = ["SubprocessTransport", "transport_class"]
 
 START_METHODS = ("forkserver", "spawn")
 
-# What the fork server imports once, so each worker it forks starts with torch and the worker
-# loop loaded. Not tensordict: a worker with a plain nn.Module policy never needs it.
-_FORKSERVER_PRELOAD = [
-    "torch", "numpy", "gymnasium", "aiocollect._workers._subprocess_main",
-    "aiocollect._rollout._config", "aiocollect._rollout._policy", "aiocollect._rollout._rollout",
-    "aiocollect._envs._gym",
-    "aiocollect._workers._forkserver",  # last: freezes what the others loaded
-]  # fmt: skip
-
-_START_LOCK = threading.Lock()
-
 
 def start_leaving_start_method(process: Any) -> None:
-    """``process.start()``, leaving the global start method as it was.
-
-    Starting a process makes multiprocessing fix the *global* start method (it records it for
-    the child), after which the user's own ``set_start_method()`` fails. A library must not do
-    that: undo it if it was unset before. Processes start from several threads at once.
-    """
-    with _START_LOCK:
-        default = getattr(multiprocessing.context, "_default_context", None)
-        unset = getattr(default, "_actual_context", False) is None
-        try:
-            process.start()
-        finally:
-            if unset:
-                default._actual_context = None  # type: ignore[union-attr]
+    """``process.start()``, leaving the global start method as it was (see `leaving_start_method`)."""
+    with leaving_start_method():
+        process.start()
 
 
 def _default_start_method() -> str:
@@ -76,14 +55,6 @@ def _check_not_bootstrapping() -> None:
             "a multi-process collector was created while a worker process was starting: the main module "
             'creates collectors at import time; guard that code with `if __name__ == "__main__":`'
         )
-
-
-def _preload_forkserver(ctx: Any) -> None:
-    # Only effective before the process's fork server starts; it is shared by the process.
-    from multiprocessing import forkserver
-
-    if forkserver._forkserver._forkserver_pid is None:  # type: ignore[attr-defined]
-        ctx.set_forkserver_preload(_FORKSERVER_PRELOAD)
 
 
 class _Proc:
@@ -124,7 +95,7 @@ class SubprocessTransport(Transport):
         super().__init__(num_workers, options, weights_layout)
         self._ctx = multiprocessing.get_context(options["start_method"])
         if options["start_method"] == "forkserver":
-            _preload_forkserver(self._ctx)
+            preload_forkserver(self._ctx)
         self._procs = [_Proc() for _ in range(num_workers)]
         self._early: deque[tuple[int, Event]] = deque()
         self._weights: Any = None
@@ -140,8 +111,9 @@ class SubprocessTransport(Transport):
         alive_r, alive_w = self._ctx.Pipe(duplex=False)
         weights = self._weights
         process = self._ctx.Process(
-            target=subprocess_main,
-            args=(child, alive_r, spec, FdArg(None if weights is None else weights.block.fd),
+            target=run_in_environ,
+            args=(dict(os.environ), subprocess_main, child, alive_r, spec,
+                  FdArg(None if weights is None else weights.block.fd),
                   0 if weights is None else weights.block.size, self.weights_layout),
             name=f"aiocollect-worker-{w}",
             daemon=True,

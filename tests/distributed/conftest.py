@@ -41,12 +41,12 @@ def process_wide_state() -> None:
 
     import torch.distributed as dist
 
-    from aiocollect._workers._subprocess import _preload_forkserver
+    from aiocollect._workers._prestart import preload_forkserver
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     del store
     gc.collect()
-    _preload_forkserver(multiprocessing.get_context("forkserver"))
+    preload_forkserver(multiprocessing.get_context("forkserver"))
     forkserver.ensure_running()
 
 

@@ -109,7 +109,7 @@ def test_every_fork_server_preload_entry_exists() -> None:
     # would only make start-up slow again. (Not imported here: _forkserver freezes the heap.)
     import importlib.util
 
-    from aiocollect._workers._subprocess import _FORKSERVER_PRELOAD
+    from aiocollect._workers._prestart import FORKSERVER_PRELOAD
 
-    assert _FORKSERVER_PRELOAD[-1] == "aiocollect._workers._forkserver"
-    assert [m for m in _FORKSERVER_PRELOAD if importlib.util.find_spec(m) is None] == []
+    assert FORKSERVER_PRELOAD[-1] == "aiocollect._workers._forkserver"
+    assert [m for m in FORKSERVER_PRELOAD if importlib.util.find_spec(m) is None] == []

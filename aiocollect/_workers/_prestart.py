@@ -1,0 +1,98 @@
+"""The fork server: what it preloads, its early start, and the environment of what it forks.
+
+Workers of a local multi-process collector (and ``launcher="mp"`` nodes) are forked from one
+fork server per process, which imports torch and the worker loop once (about a second). The
+parent, meanwhile, needs tensordict to build batches, which costs as much again. Done one
+after the other, a script's first batch costs both; so looking up a multi-process
+collector's class from ``aiocollect`` starts the fork server *before* that import, and the
+two run side by side on two cores (`prestart_forkserver`).
+
+A forked process inherits the fork server's environment, fixed when the server started. A
+worker instead takes the parent's ``os.environ`` as it is when the worker starts
+(`run_in_environ`), as a spawned process does: a variable set after the lookup (say
+``CUDA_VISIBLE_DEVICES`` or an env library's own settings) reaches the workers. Variables
+read when torch is imported (``OMP_NUM_THREADS``) act in the fork server, at its start.
+
+This module imports nothing heavy: it runs before tensordict is imported.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+__all__ = ["FORKSERVER_PRELOAD", "leaving_start_method", "preload_forkserver", "prestart_forkserver", "run_in_environ"]
+
+# What the fork server imports once, so each worker it forks starts with torch and the worker
+# loop loaded. Not tensordict: a worker with a plain nn.Module policy never needs it.
+FORKSERVER_PRELOAD = [
+    "torch", "numpy", "gymnasium", "aiocollect._workers._subprocess_main",
+    "aiocollect._rollout._config", "aiocollect._rollout._policy", "aiocollect._rollout._rollout",
+    "aiocollect._envs._gym",
+    "aiocollect._workers._forkserver",  # last: freezes what the others loaded
+]  # fmt: skip
+
+
+_START_LOCK = threading.Lock()
+
+
+@contextmanager
+def leaving_start_method() -> Iterator[None]:
+    """Start processes (or the fork server) inside, leaving the global start method as it was.
+
+    Starting a process makes multiprocessing fix the *global* start method (it records it for
+    the child), after which the user's own ``set_start_method()`` fails. A library must not do
+    that: undo it if it was unset before. Processes start from several threads at once.
+    """
+    with _START_LOCK:
+        default = getattr(multiprocessing.context, "_default_context", None)
+        unset = getattr(default, "_actual_context", False) is None
+        try:
+            yield
+        finally:
+            if unset:
+                default._actual_context = None  # type: ignore[union-attr]
+
+
+def _server() -> Any:
+    from multiprocessing import forkserver
+
+    return forkserver._forkserver
+
+
+def preload_forkserver(ctx: Any) -> None:
+    """Give the fork server aiocollect's preload list, unless it already runs (it is shared by the process)."""
+    if _server()._forkserver_pid is None:
+        ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
+
+
+def prestart_forkserver() -> bool:
+    """Start the fork server now, in the background, if a local collector would start it later.
+
+    Nothing happens where the fork server is not the default start method, where it already
+    runs, or in a process started by ``multiprocessing`` (a worker that re-imports the main
+    module must not start a server of its own). Returns whether a server was started.
+    Never waits for the server's preload: that is the point.
+    """
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return False
+    if multiprocessing.parent_process() is not None or getattr(multiprocessing.current_process(), "_inheriting", False):
+        return False
+    if _server()._forkserver_pid is not None:
+        return False
+    with leaving_start_method():  # the server's preparation data reads the global start method
+        preload_forkserver(multiprocessing.get_context("forkserver"))
+        _server().ensure_running()  # spawns the server and returns; the server preloads on its own
+    return True
+
+
+def run_in_environ(environ: Mapping[str, str], target: Callable[..., None], *args: Any) -> None:
+    """In a forked worker: take the parent's environment ``environ``, then run ``target(*args)``."""
+    for key in [k for k in os.environ if k not in environ]:
+        del os.environ[key]
+    os.environ.update(environ)
+    target(*args)
