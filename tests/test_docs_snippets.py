@@ -50,3 +50,17 @@ def test_snippet_runs_and_prints_something_to_learn_from(snippet: str) -> None:
     assert len(set(lines)) == len(lines), proc.stdout  # no line repeated verbatim
     # A warning raised in a finalizer (an unclosed collector's ResourceWarning) is only printed.
     assert "Exception ignored" not in proc.stderr, proc.stderr[-3000:]
+
+
+SERVER_PAGE = ROOT / "docs" / "inference-server.md"
+
+
+@pytest.mark.timeout(RUN_TIMEOUT + 30)
+def test_the_inference_server_page_snippet_runs() -> None:
+    (code,) = re.findall(r"^```python\n(.*?)^```$", SERVER_PAGE.read_text(), re.S | re.M)
+    proc = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert sorted(lines[:3]) == [f"{i} torch.Size([2]) 0" for i in range(3)] and lines[3:] == ["3"], proc.stdout
+    assert "Exception ignored" not in proc.stderr, proc.stderr[-3000:]

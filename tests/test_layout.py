@@ -1,6 +1,6 @@
 """The package layout: private subpackages in layers, no module importing upward, no cycles.
 
-Layers, lowest first: ``_core`` < ``_envs`` < ``_buffer`` < ``_rollout`` < ``_workers`` <
+Layers, lowest first: ``_core`` < ``_envs`` < ``_buffer`` < ``_rollout`` < ``_serve`` < ``_workers`` <
 ``_collect`` < ``_multi`` < the public modules (``__init__``, ``blocking``, ``testing``). Every
 import counts, at module level, inside functions and under ``TYPE_CHECKING``: a lazy import
 that goes upward is still a dependency the wrong way.
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 PKG = pathlib.Path(__file__).resolve().parent.parent / "aiocollect"
-LAYERS = ["_core", "_envs", "_buffer", "_rollout", "_workers", "_collect", "_multi", "_dist"]
+LAYERS = ["_core", "_envs", "_buffer", "_rollout", "_serve", "_workers", "_collect", "_multi", "_dist"]
 PUBLIC = len(LAYERS)
 MAX_LINES = 500
 

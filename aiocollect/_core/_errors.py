@@ -13,6 +13,8 @@ __all__ = [
     "CollectorClosedError",
     "EnvOutputError",
     "EnvTimeoutError",
+    "InferenceError",
+    "InferenceServerClosedError",
     "PolicyOutputError",
     "WorkerCrashedError",
     "WorkerError",
@@ -57,6 +59,14 @@ class BufferTimeoutError(AiocollectError, TimeoutError):
     The message gives the same account as `BufferStarvedError`: what the call waited for,
     what the buffer holds and which collectors still write into it.
     """
+
+
+class InferenceError(AiocollectError, RuntimeError):
+    """Raised in every request of a batch whose policy call failed; the policy's error is ``__cause__``."""
+
+
+class InferenceServerClosedError(AiocollectError):
+    """Raised when a request reaches an `InferenceServer` that was closed (or closes before answering)."""
 
 
 class PolicyOutputError(AiocollectError, ValueError):

@@ -112,6 +112,15 @@ class PolicyAdapter:
             et = exploration_type
             self._interaction = et if isinstance(et, InteractionType) else InteractionType(str(et).lower())
 
+    def bind_keys(self, obs_keys: list[NestedKey], action_keys: list[NestedKey]) -> None:
+        """Learn the input and output keys without an env (an inference server's requests).
+
+        A plain module takes ``obs_keys``' tensors, in order, and returns ``action_keys``'; a
+        TensorDict policy reads and writes the keys it declares. Requests have one batch dim.
+        """
+        self._nb = 1
+        self.obs_keys, self.action_keys = list(obs_keys), list(action_keys)
+
     def bind(self, spec: EnvSpec, *, counts_steps: bool = False) -> None:
         """Learn the env's observation and action keys (called once the env exists).
 
