@@ -263,20 +263,57 @@ def paired(w: Workload, pairs: int) -> tuple[list[float], list[float]]:
     return t_bare, t_aio
 
 
+def paired_async(w: Workload, pairs: int, uvloop: bool) -> tuple[list[float], list[float]]:
+    """`paired` for the async Collector: its batches awaited on an event loop (asyncio, or uvloop),
+    alternating with batches of the bare loop run in the same thread (ABBA)."""
+
+    async def main() -> tuple[list[float], list[float]]:
+        bare = wl.bare_loop(w.env_fn(), w.policy, FPB, 10**15, same_step=True)
+        out: tuple[list[float], list[float]] = ([], [])
+        async with aiocollect.Collector(w.env_fn(), w.policy, frames_per_batch=FPB, total_frames=-1) as c:
+            it = c.__aiter__()
+            for _ in range(3):
+                next(bare)
+                await it.__anext__()
+            for i in range(pairs):
+                for side in (0, 1) if i % 2 == 0 else (1, 0):
+                    t = time.perf_counter()
+                    if side == 0:
+                        next(bare)
+                    else:
+                        await it.__anext__()
+                    out[side].append(time.perf_counter() - t)
+        bare.close()
+        return out
+
+    return anyio.run(main, backend="asyncio", backend_options={"use_uvloop": True} if uvloop else {})
+
+
+PAIRED_KINDS = (
+    ("SyncDataCollector", lambda w, n: paired(w, n)),
+    ("Collector (asyncio)", lambda w, n: paired_async(w, n, False)),
+    ("Collector (uvloop)", lambda w, n: paired_async(w, n, True)),
+)
+
+
 def run_paired(workloads: list[Workload], pairs: int) -> dict[str, dict[str, float]]:
-    log(f"\npaired: {pairs} alternating batch pairs per workload (ratio = aiocollect speed / bare loop)")
+    log(f"\npaired: {pairs} alternating batch pairs per workload and collector (ratio = aiocollect speed / bare loop)")
     out = {}
     for w in workloads:
-        t_bare, t_aio = paired(w, pairs)
-        out[w.title] = h.ratio_summary([b / a for b, a in zip(t_bare, t_aio, strict=True)])
-        out[w.title].update(bare_us=h.median(t_bare) / FPB * 1e6, aio_us=h.median(t_aio) / FPB * 1e6)
+        for name, measure in PAIRED_KINDS:
+            t_bare, t_aio = measure(w, pairs)
+            key = w.title if name == "SyncDataCollector" else f"{w.title}, {name}"
+            out[key] = h.ratio_summary([b / a for b, a in zip(t_bare, t_aio, strict=True)])
+            out[key].update(bare_us=h.median(t_bare) / FPB * 1e6, aio_us=h.median(t_aio) / FPB * 1e6, kind=name)
     cols = [
         Col("workload", "{workload}", left=True),
+        Col("collector", "{kind}", left=True),
         *(Col(k, h.ratio(k)) for k in ("median", "p25", "p75", "min", "max")),
         Col("bare loop us/frame", "{bare_us:.1f}"),
-        Col("SyncDataCollector us/frame", "{aio_us:.1f}"),
+        Col("aiocollect us/frame", "{aio_us:.1f}"),
     ]
-    log("\n" + "\n".join(h.markdown_table(cols, [{"workload": t, **s} for t, s in out.items()])))
+    rows = [{"workload": t.split(", Collector")[0], **s} for t, s in out.items()]
+    log("\n" + "\n".join(h.markdown_table(cols, rows)))
     return out
 
 
@@ -335,8 +372,9 @@ def parse_args(argv: list[str] | None) -> Any:
         "--paired",
         type=int,
         metavar="N",
-        help="only the paired mode: N alternating batches of the bare loop and SyncDataCollector "
-        "in one process; prints the median speed ratio (robust to machine drift)",
+        help="only the paired mode: N alternating batches of the bare loop and each collector (the blocking "
+        "SyncDataCollector, the async Collector on asyncio and on uvloop) in one process; prints the median "
+        "speed ratio (robust to machine drift)",
     )
     return ap.parse_args(argv)
 
