@@ -284,3 +284,50 @@ async def test_policy_factory_builds_the_policy_on_the_servers_thread() -> None:
 def test_bad_arguments_fail_at_construction(kwargs: dict[str, Any], error: type[Exception], message: str) -> None:
     with pytest.raises(error, match=message):
         InferenceServer(**kwargs)
+
+
+async def test_no_version_key_and_an_output_device() -> None:
+    with anyio.fail_after(30):
+        async with InferenceServer(Scale(), policy_version_key=None, output_device="cpu") as server:
+            answer = await server({"observation": torch.ones(1)})
+    assert set(answer) == {"observation", "action"} and answer["action"].device == torch.device("cpu")
+
+
+async def test_a_policy_already_on_the_device_is_served_as_it_is() -> None:
+    # No copy is made when the parameters already live on ``device``: an in-place edit of the
+    # user's module is served at once, and update_policy_weights_() still counts a version.
+    policy = Scale(2.0)
+    with anyio.fail_after(30):
+        async with InferenceServer(policy, device="cpu") as server:
+            with torch.no_grad():
+                policy.weight.fill_(7.0)  # the server runs this very module: seen at once
+            assert float((await server({"observation": torch.ones(1)}))["action"]) == 7.0
+            await server.update_policy_weights_()
+            answer = await server({"observation": torch.ones(1)})
+    assert float(answer["action"]) == 7.0 and int(answer["policy_version"]) == 1
+
+
+async def test_stats_count_requests_batches_and_latencies() -> None:
+    policy = Scale()
+    with anyio.fail_after(30):
+        async with InferenceServer(policy, max_batch_size=4) as server:
+            await ask_all(server, [{"observation": torch.ones(1)}] * 10)
+            stats = server.stats()
+    assert stats["requests"] == 10 and stats["batches"] == len(policy.batch_sizes)
+    assert stats["queued"] == 0 and stats["max_batch_size_seen"] == max(policy.batch_sizes) <= 4
+    assert stats["mean_batch_size"] == 10 / len(policy.batch_sizes)
+    assert 0 <= stats["queue_wait_ms_p50"] <= stats["queue_wait_ms_p95"]
+    assert 0 < stats["forward_ms_p50"] <= stats["forward_ms_p95"]
+    assert stats["policy_version"] == 0
+
+
+async def test_a_factory_that_raises_fails_the_entry_and_leaves_nothing_running() -> None:
+    def factory() -> Scale:
+        raise OSError("no model file")
+
+    server = InferenceServer(policy_factory=factory)
+    with anyio.fail_after(30), pytest.raises(OSError, match="no model file"):
+        async with server:
+            pass
+    with pytest.raises(InferenceServerClosedError):
+        await server({"observation": torch.ones(1)})
