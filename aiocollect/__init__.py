@@ -7,6 +7,7 @@ blocking twins.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from typing import Any
 
@@ -152,7 +153,10 @@ def __getattr__(name: str) -> Any:
         # (torch: as long) then runs beside it instead of after it. See _workers._prestart.
         from ._workers._prestart import prestart_forkserver
 
-        prestart_forkserver()
+        # A head start only, which must never break a lookup: if it fails, the collector
+        # starts the server itself and reports why it cannot.
+        with contextlib.suppress(Exception):
+            prestart_forkserver()
     obj = getattr(importlib.import_module(module, __name__), attr)
     # trio's trick: reprs, tracebacks and pickles name the public path, not the private module.
     mod = getattr(obj, "__module__", None)

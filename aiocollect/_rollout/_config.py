@@ -16,7 +16,7 @@ import torch
 from .._core._errors import warn_user
 from .._core._validate import check_bool, check_int, check_seconds
 
-__all__ = ["CollectorConfig", "validate_config"]
+__all__ = ["CollectorConfig", "check_exploration_type", "validate_config"]
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ def _device(name: str, value: Any) -> torch.device | None:
 _INTERACTION_VALUES = frozenset({"mode", "median", "mean", "random", "deterministic"})
 
 
-def _exploration_type(value: Any) -> str:
+def check_exploration_type(value: Any) -> str:
     """An InteractionType, or its value in any case, as a plain lower-case str."""
     if isinstance(value, str):  # InteractionType members are str too
         v = str.lower(value)
@@ -199,7 +199,7 @@ def validate_config(
         )
     if postproc is not None and not callable(postproc):
         raise TypeError(f"postproc must be a callable taking and returning a TensorDict, or None, got {postproc!r}")
-    exploration_type = _exploration_type(exploration_type)
+    exploration_type = check_exploration_type(exploration_type)
     if create_env_kwargs is not None and not isinstance(create_env_kwargs, dict):
         raise TypeError(f"create_env_kwargs must be a dict or None, got {create_env_kwargs!r}")
     dev = _device("device", device)

@@ -112,6 +112,11 @@ class PolicyAdapter:
             et = exploration_type
             self._interaction = et if isinstance(et, InteractionType) else InteractionType(str(et).lower())
 
+    @property
+    def takes_tensordict(self) -> bool:
+        """Whether the policy is called with a TensorDict (else with its observation tensors)."""
+        return self._tensordict
+
     def bind_keys(self, obs_keys: list[NestedKey], action_keys: list[NestedKey]) -> None:
         """Learn the input and output keys without an env (an inference server's requests).
 

@@ -24,7 +24,7 @@ import torch
 from .._core._errors import InferenceError, InferenceServerClosedError, PolicyOutputError
 from .._core._threads import ThreadLane
 from .._core._validate import check_int, check_seconds
-from .._rollout._config import _exploration_type
+from .._rollout._config import check_exploration_type
 from .._rollout._policy import PolicyAdapter
 
 __all__ = ["InferenceServer"]
@@ -156,7 +156,7 @@ class InferenceServer:
         self.shutdown_timeout = check_seconds("shutdown_timeout", shutdown_timeout)
         self.device = None if device is None else torch.device(device)
         self.output_device = None if output_device is None else torch.device(output_device)
-        self._exploration = _exploration_type(exploration_type)
+        self._exploration = check_exploration_type(exploration_type)
         self._in_keys = list(in_keys) if in_keys is not None else ["observation"]
         self._out_keys = list(out_keys) if out_keys is not None else ["action"]
         if not self._in_keys or not self._out_keys:
@@ -345,7 +345,7 @@ class InferenceServer:
         assert adapter is not None
         n = len(batch)
         first = batch[0].inputs
-        if not adapter._tensordict:
+        if not adapter.takes_tensordict:
             missing = [k for k in self._in_keys if k not in first]
             if missing:
                 raise _BadRequest(

@@ -65,6 +65,22 @@ def test_other_lookups_start_no_process(tmp_path: Path, name: str) -> None:
     assert lookup(tmp_path, name) == {"at_tensordict": None, "after": None, "start_method": None}
 
 
+def test_a_failing_head_start_never_breaks_the_lookup(tmp_path: Path) -> None:
+    script = tmp_path / "failing.py"
+    script.write_text(
+        "import aiocollect._workers._prestart as p\n"
+        "def fail():\n"
+        "    raise OSError('no fork server here')\n"
+        "p.prestart_forkserver = fail\n"
+        "import aiocollect\n"
+        "print(aiocollect.MultiSyncDataCollector.__name__)\n"
+    )
+    proc, leaked = run_script([sys.executable, str(script)], timeout=120, env=SCRIPT_ENV)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "MultiSyncCollector\n"
+    assert not leaked, leaked
+
+
 IN_A_CHILD = textwrap.dedent(
     """
     import multiprocessing
