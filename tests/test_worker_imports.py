@@ -174,11 +174,11 @@ def test_pickled_config_unpickles_without_tensordict() -> None:
 def test_exploration_type_is_stored_as_plain_str(value: str, expected: str) -> None:
     from tensordict.nn import InteractionType
 
-    from aiocollect._rollout._config import _exploration_type
+    from aiocollect._rollout._config import check_exploration_type
 
-    got = _exploration_type(value)
+    got = check_exploration_type(value)
     assert type(got) is str and got == expected
-    got = _exploration_type(InteractionType(expected))
+    got = check_exploration_type(InteractionType(expected))
     assert type(got) is str and got == expected
 
 
