@@ -19,6 +19,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "DataCollectorBase": ("._collect._blocking_base", "DataCollectorBase"),
     "ReplayBuffer": ("._buffer._buffer", "ReplayBuffer"),
     "Collector": ("._collect._collector", "Collector"),
+    "AsyncBatchedCollector": ("._collect._central", "AsyncBatchedCollector"),
     "AsyncBatchedEnv": ("._envs._base", "AsyncBatchedEnv"),
     "BatchedEnv": ("._envs._base", "BatchedEnv"),
     "AiocollectError": ("._core._errors", "AiocollectError"),
@@ -75,6 +76,7 @@ _LAZY: dict[str, tuple[str, str]] = {
 __all__ = (
     "AiocollectError",
     "ArraySpec",
+    "AsyncBatchedCollector",
     "AsyncBatchedEnv",
     "AsyncCollector",
     "AsyncEnvPool",

@@ -16,7 +16,7 @@ import torch
 from tensordict import TensorDictBase
 
 from ._buffer import _buffer
-from ._collect import _collector
+from ._collect import _central, _collector
 from ._collect._blocking_base import DataCollectorBase
 from ._collect._blocking_base import twin_doc as _twin_doc
 from ._collect._blocking_base import twin_init as _twin_init
@@ -31,6 +31,7 @@ from ._dist import _rpc_collector as _rpc
 from ._multi import _collectors as _multi
 
 __all__ = (
+    "AsyncBatchedCollector",
     "AsyncCollector",
     "Collector",
     "DataCollectorBase",
@@ -203,6 +204,28 @@ class AsyncCollector(DataCollectorBase):
     """
 
     _async_class = _multi.AsyncCollector
+
+
+class AsyncBatchedCollector(DataCollectorBase):
+    """Blocking twin of `aiocollect.AsyncBatchedCollector` (TorchRL's ``AsyncBatchedCollector``).
+
+    The same collector for plain scripts; the rest is `aiocollect.AsyncBatchedCollector`'s
+    documentation: read ``with``/``for`` for ``async with``/``async for`` and `shutdown` for
+    ``aclose()``.
+
+    {args}
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> from aiocollect.blocking import AsyncBatchedCollector
+        >>> with AsyncBatchedCollector([lambda: gym.make("CartPole-v1")] * 4, frames_per_batch=32,
+        ...                            total_frames=64) as c:
+        ...     shapes = [batch.shape for batch in c]
+        >>> shapes
+        [torch.Size([32]), torch.Size([32])]
+    """
+
+    _async_class = _central.AsyncBatchedCollector
 
 
 class ReplayBuffer:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 PKG = pathlib.Path(__file__).resolve().parent.parent / "aiocollect"
-LAYERS = ["_core", "_envs", "_buffer", "_rollout", "_serve", "_workers", "_collect", "_multi", "_dist"]
+LAYERS = ["_core", "_envs", "_buffer", "_rollout", "_workers", "_serve", "_collect", "_multi", "_dist"]
 PUBLIC = len(LAYERS)
 MAX_LINES = 500
 

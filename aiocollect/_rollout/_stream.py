@@ -49,16 +49,16 @@ def barrier_free_rollout(
     pool: Any, policy: PolicyAdapter, cfg: Any, counter: TrajCounter, generator: torch.Generator, stop: threading.Event
 ) -> StreamRollout:
     """The rollout of a barrier-free pool, after checking the collector's options suit it."""
-    for name, value, default in (("max_frames_per_traj", cfg.max_frames_per_traj, None),
-                                 ("reset_at_each_iter", cfg.reset_at_each_iter, False)):  # fmt: skip
-        if value != default:
-            raise ValueError(
-                f"{name}={value!r} is not supported with a barrier-free AsyncEnvPool (min_ready=): its envs "
-                f"have no common time step; drop {name}, or drop min_ready for lock-step batches"
-            )
-    return StreamRollout(pool, policy, frames=cfg.frames_per_batch, traj_counter=counter, generator=generator,
-                         storing_device=cfg.storing_device, stop=stop,
-                         shutdown_timeout=cfg.shutdown_timeout, set_truncated=cfg.set_truncated)  # fmt: skip
+    if cfg.max_frames_per_traj is not None:
+        raise ValueError(
+            f"max_frames_per_traj={cfg.max_frames_per_traj!r} is not supported with a barrier-free AsyncEnvPool "
+            "(min_ready=): its envs have no common time step; drop max_frames_per_traj, or drop min_ready for "
+            "lock-step batches"
+        )
+    kind: type[StreamRollout] = getattr(pool, "rollout_class", StreamRollout)  # a sharded pool names its own
+    return kind(pool, policy, frames=cfg.frames_per_batch, traj_counter=counter, generator=generator,
+                storing_device=cfg.storing_device, stop=stop, shutdown_timeout=cfg.shutdown_timeout,
+                set_truncated=cfg.set_truncated, reset_at_each_iter=cfg.reset_at_each_iter)  # fmt: skip
 
 
 class StreamRollout:
@@ -70,6 +70,9 @@ class StreamRollout:
     """
 
     buf = None
+    #: ``(new key, key)`` pairs: batches also hold each key's column under the new key
+    #: (`AsyncBatchedCollector` repeats TorchRL's ``"env_index"`` and ``"policy_version"``).
+    aliases: tuple[tuple[Any, Any], ...] = ()
 
     def __init__(
         self,
@@ -84,6 +87,7 @@ class StreamRollout:
         worker_id: int = 0,
         shutdown_timeout: float = 10.0,
         set_truncated: bool = False,
+        reset_at_each_iter: bool = False,
     ) -> None:
         self.env, self.policy, self.N = pool, policy, frames
         self.spec = pool.spec
@@ -92,6 +96,8 @@ class StreamRollout:
         self.counter, self.generator, self.storing_device = traj_counter, generator, storing_device
         self.stop, self.worker_id, self.set_truncated = stop, worker_id, set_truncated
         self.min_ready, self.max_wait = pool.min_ready or 1, pool.max_wait
+        self.max_ready: int | None = getattr(pool, "max_ready", None)
+        self.reset_at_each_iter = reset_at_each_iter
         self.needs_reset = True
         self.seeds: list[int] | None = None
         self.steps_done = 0
@@ -139,6 +145,7 @@ class StreamRollout:
         layout += [(("next", f), (self.N, 1), torch.float32 if f == "reward" else torch.bool) for f in FLAGS]
         layout += [(f, (self.N, 1), torch.bool) for f in FLAGS[1:]]
         layout += [(k, (self.N,), torch.int64) for k in (ENV_ID, TRAJ, VERSION, WORKER)]
+        layout += [(new, (self.N,), torch.int64) for new, _ in self.aliases]
         return layout
 
     async def acollect(
@@ -163,6 +170,8 @@ class StreamRollout:
                 await opened.wait()
             else:
                 self.spawn(self._keep)
+        if self.reset_at_each_iter:
+            self.needs_reset = True
         if self.needs_reset:
             await self._wait_for(lambda: not self.in_flight)  # their frames are kept; then every env starts afresh
             self._raise_error()
@@ -184,19 +193,14 @@ class StreamRollout:
                 await self._wait(self.min_ready)  # returns early at max_wait, or with the batch full
                 if not self.ready or self.filled >= N:
                     continue
-            rows, self.ready = self.ready, []
+            take = self.max_ready
+            if take is None or len(self.ready) <= take:
+                rows, self.ready = self.ready, []
+            else:  # the longest-waiting envs first
+                rows, self.ready = self.ready[:take], self.ready[take:]
             actions = await run_sync(self._act, rows, random)
-            acts = self.env._actions(actions)
             self.in_flight += len(rows)
-            loop = self._loop
-            if loop is not None:
-                for j, i in enumerate(rows):
-                    task = loop.create_task(self._step(i, acts[j]))
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
-            else:
-                for j, i in enumerate(rows):
-                    self._nursery.start_soon(self._step, i, acts[j])
+            self._dispatch(rows, actions)
         store = self.store
         # Group by env, time order kept within each (a stable sort): trajectories are contiguous.
         order = torch.from_numpy(np.argsort(store[ENV_ID][:N].numpy(), kind="stable"))
@@ -209,6 +213,8 @@ class StreamRollout:
             last[:-1] = env[1:] != env[:-1]
             data["next", "truncated"][last] = True
             data["next", "done"][last] = True
+        for new, key in self.aliases:
+            data[new] = data[key]
         extra = self.filled - N  # frames of steps that returned after the batch was full
         for v in store.values():
             v[:extra] = v[N : N + extra].clone()
@@ -232,6 +238,22 @@ class StreamRollout:
             self._nursery.cancel_scope.cancel()
 
     # -- internals ----------------------------------------------------------------------------
+    def _spawn_task(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Start ``fn(*args)`` as a plain task owned by `_keep` (asyncio) or `_keep_group` (trio)."""
+        loop = self._loop
+        if loop is not None:
+            task = loop.create_task(fn(*args))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        else:
+            self._nursery.start_soon(fn, *args)
+
+    def _dispatch(self, rows: list[int], actions: dict[NestedKey, torch.Tensor]) -> None:
+        """Start the steps of ``rows`` with their ``actions``: one task per env."""
+        acts = self.env._actions(actions)
+        for j, i in enumerate(rows):
+            self._spawn_task(self._step, i, acts[j])
+
     def _raise_error(self) -> None:
         if self.error is not None:
             error, self.error = self.error, None

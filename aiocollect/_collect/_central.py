@@ -1,0 +1,201 @@
+"""AsyncBatchedCollector: central inference, envs stepping on their own (TorchRL's name and arguments)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from tensordict import TensorDictBase
+from tensordict.nn import InteractionType
+
+from .._core._validate import check_int, check_seconds
+from .._serve._build import ENV_BACKENDS, CentralEnvs
+from ._collector import Collector
+
+__all__ = ["AsyncBatchedCollector"]
+
+_ALIASES = (("env_index", ("collector", "env_id")),)
+
+
+class AsyncBatchedCollector(Collector):
+    """Run one policy, batched across every env, while each env steps on its own.
+
+    Every other collector runs the policy next to its envs, in lock-step batches. Here the
+    envs step independently, in shards (threads, or worker processes that hold envs only),
+    and the policy runs where the collector is, on whichever envs are ready: at least
+    ``min_batch_size`` of them (or what is ready ``server_timeout`` seconds after the first),
+    at most ``max_batch_size`` per forward pass. A slow env never holds the others back, and
+    the policy's weights live in one place (TorchRL's ``AsyncBatchedCollector``, done the
+    asyncio way: the event loop only moves env ids, the policy runs on the collector's
+    thread, the envs on theirs).
+
+    Batches are flat ``[frames_per_batch]`` TensorDicts grouped by env: each env's frames are
+    contiguous and in time order, so every trajectory is one run. Each frame has
+    ``("collector", "env_id")`` (also TorchRL's ``"env_index"``), ``("collector",
+    "traj_ids")`` and the policy version that chose its action (``("collector",
+    "policy_version")``, also under ``policy_version_key``). With ``set_truncated=True`` each
+    env's last frame in a batch is marked truncated, so value estimators (TorchRL's GAE) can
+    run on the flat batch. A deterministic policy gives each env the trajectory that
+    `Collector` gives it. See ``docs/central-inference.md``.
+
+    Args:
+        create_env_fn: One factory per env (or a gymnasium env id): each returns a single
+            ``gymnasium.Env``, or a coroutine env (``async reset``/``step``, stepped on the event
+            loop as in `AsyncEnvPool`). All envs must have the same spaces.
+        policy: ``None`` (random actions), an ``nn.Module`` or a TensorDict policy.
+        policy_factory: A zero-argument callable that builds the policy on the collector's thread.
+        frames_per_batch: Frames per batch.
+        total_frames: Frame budget; ``-1`` for endless collection.
+        max_batch_size: At most this many envs per forward pass (default 64).
+        min_batch_size: Wait for this many ready envs before a forward pass (default 1), at most
+            ``server_timeout`` seconds after the first.
+        server_timeout: Seconds to wait for ``min_batch_size`` envs (default 0.01).
+        device: Device the policy runs on.
+        backend: TorchRL's default for ``env_backend``.
+        env_backend: Where gymnasium envs step: ``"threading"`` (default: threads of this
+            process) or ``"multiprocessing"`` (worker processes that hold envs only, no policy,
+            exchanging observations and actions through shared memory). Coroutine envs always
+            step on the event loop (``"coroutine"`` insists on it).
+        envs_per_worker: Envs per shard (thread or process); default: the envs split evenly
+            into one shard per CPU core.
+        reset_at_each_iter: Reset every env at the start of every batch.
+        postproc: A callable applied to each batch.
+        exploration_type: The interaction type the policy runs under.
+        replay_buffer: A `ReplayBuffer` to write batches into; iteration then yields ``None``.
+        post_collect_hook: Called with each batch as it is yielded or written.
+        weight_sync: TorchRL's weight sync scheme for the policy (see `update_policy_weights_`).
+        create_env_kwargs: Keyword arguments for every factory, or one dict per factory.
+        policy_version_key: A top-level key that repeats each frame's policy version
+            (TorchRL's ``"policy_version"``); ``None`` leaves it out.
+        set_truncated: Mark each env's last frame of a batch truncated.
+        storing_device: Device of the yielded batches.
+        max_queued_batches: Batches collected ahead of the consumer.
+        shutdown_timeout: Seconds teardown waits for env steps in progress.
+        start_method: ``env_backend="multiprocessing"``: ``"forkserver"`` (default on Linux) or ``"spawn"``.
+        max_concurrency: Coroutine envs: at most this many steps in flight at once.
+
+    Raises:
+        TypeError, ValueError: A bad argument, before anything is built.
+
+    Examples:
+        >>> import anyio, gymnasium as gym
+        >>> from aiocollect import AsyncBatchedCollector
+        >>> async def main():
+        ...     envs = [lambda: gym.make("CartPole-v1")] * 4
+        ...     async with AsyncBatchedCollector(envs, frames_per_batch=64, total_frames=128) as c:
+        ...         return [(b.shape, b["env_index"].unique().numel()) async for b in c]
+        >>> anyio.run(main)
+        [(torch.Size([64]), 4), (torch.Size([64]), 4)]
+    """
+
+    def __init__(
+        self,
+        create_env_fn: Sequence[Any],
+        *,
+        policy: Any = None,
+        policy_factory: Callable[[], Any] | None = None,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        max_batch_size: int | None = None,
+        min_batch_size: int | None = None,
+        server_timeout: float | None = None,
+        device: Any = None,
+        backend: str | None = None,
+        env_backend: str | None = None,
+        envs_per_worker: int | None = None,
+        reset_at_each_iter: bool = False,
+        postproc: Any = None,
+        exploration_type: InteractionType | str = InteractionType.RANDOM,
+        replay_buffer: Any = None,
+        post_collect_hook: Callable[[TensorDictBase], Any] | None = None,
+        weight_sync: Any = None,
+        create_env_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        policy_version_key: Any = "policy_version",
+        set_truncated: bool = False,
+        storing_device: Any = None,
+        max_queued_batches: int = 0,
+        shutdown_timeout: float = 10.0,
+        start_method: str | None = None,
+        max_concurrency: int | None = None,
+    ) -> None:
+        fns = _check_fns(create_env_fn)
+        n = len(fns)
+        max_b = check_int("max_batch_size", 64 if max_batch_size is None else max_batch_size)
+        min_b = check_int("min_batch_size", 1 if min_batch_size is None else min_batch_size)
+        if min_b > max_b:
+            raise ValueError(
+                f"min_batch_size must be at most max_batch_size ({max_b}), got {min_b}; lower min_batch_size or "
+                "raise max_batch_size"
+            )
+        if min_b > n:
+            raise ValueError(
+                f"min_batch_size must be at most the number of envs ({n}), got {min_b}; lower min_batch_size or "
+                "add envs"
+            )
+        timeout = check_seconds("server_timeout", 0.01 if server_timeout is None else server_timeout)
+        chosen = env_backend if env_backend is not None else backend
+        chosen = "threading" if chosen is None else chosen
+        if chosen not in ENV_BACKENDS:
+            raise ValueError(f"env_backend must be one of {', '.join(map(repr, ENV_BACKENDS))}, got {chosen!r}")
+        check_int("envs_per_worker", envs_per_worker, allow_none=True)
+        check_int("max_concurrency", max_concurrency, allow_none=True)
+        if start_method is not None:
+            if chosen != "multiprocessing":
+                raise ValueError("start_method applies to env_backend='multiprocessing' only; drop it")
+            if start_method not in ("forkserver", "spawn"):
+                raise ValueError(f"start_method must be 'forkserver' or 'spawn', got {start_method!r}")
+        self._alias_keys = list(_ALIASES)
+        if policy_version_key is not None:
+            self._alias_keys.append((policy_version_key, ("collector", "policy_version")))
+        self._central = CentralEnvs(
+            fns, _check_kwargs(create_env_kwargs, n), chosen, envs_per_worker, min_ready=min_b, max_ready=max_b,
+            max_wait=timeout, start_method=start_method, max_concurrency=max_concurrency,
+        )  # fmt: skip
+        self.max_batch_size, self.min_batch_size, self.server_timeout = max_b, min_b, timeout
+        self.env_backend = chosen
+        super().__init__(
+            self._central, policy, frames_per_batch=frames_per_batch, total_frames=total_frames,
+            reset_at_each_iter=reset_at_each_iter, postproc=postproc, exploration_type=exploration_type,
+            policy_device=device, storing_device=storing_device, set_truncated=set_truncated,
+            max_queued_batches=max_queued_batches, shutdown_timeout=shutdown_timeout,
+            replay_buffer=replay_buffer, policy_factory=policy_factory, post_collect_hook=post_collect_hook,
+            weight_sync_schemes=None if weight_sync is None else {"policy": weight_sync},
+        )  # fmt: skip
+
+    def _build(self) -> None:
+        super()._build()
+        assert self._rollout is not None
+        self._rollout.aliases = tuple(self._alias_keys)  # type: ignore[union-attr]
+
+    def __repr__(self) -> str:
+        return (
+            f"<AsyncBatchedCollector {len(self._central.fns)} envs env_backend={self.env_backend!r} "
+            f"max_batch_size={self.max_batch_size} min_batch_size={self.min_batch_size}>"
+        )
+
+
+def _check_fns(create_env_fn: Any) -> list[Any]:
+    if isinstance(create_env_fn, (str, bytes)) or not isinstance(create_env_fn, Sequence) or not create_env_fn:
+        raise TypeError(
+            f"create_env_fn must be a non-empty list of env factories (one per env), got {create_env_fn!r}; "
+            "pass [make_env] * num_envs"
+        )
+    for i, fn in enumerate(create_env_fn):
+        if not (isinstance(fn, str) or callable(fn)):
+            raise TypeError(f"create_env_fn[{i}] must be an env id or a callable that returns an env, got {fn!r}")
+    return list(create_env_fn)
+
+
+def _check_kwargs(kwargs: Any, n: int) -> list[dict[str, Any]]:
+    if kwargs is None:
+        return [{} for _ in range(n)]
+    if isinstance(kwargs, Mapping):
+        return [dict(kwargs) for _ in range(n)]
+    if isinstance(kwargs, Sequence) and not isinstance(kwargs, str) and all(isinstance(k, Mapping) for k in kwargs):
+        if len(kwargs) != n:
+            raise ValueError(
+                f"create_env_kwargs must be one dict or one per env ({n}), got a list of {len(kwargs)}; "
+                "give one dict per factory"
+            )
+        return [dict(k) for k in kwargs]
+    raise TypeError(f"create_env_kwargs must be a dict or a list of dicts, got {type(kwargs).__name__}")

@@ -1,0 +1,121 @@
+"""Barrier-free collection from a sharded pool (central inference): one task per shard, not per step.
+
+A sharded pool (`SlotPool`, built by `AsyncBatchedCollector`) holds single envs that step in
+shards, each a thread or an env-only process. The policy runs, as in `StreamRollout`, on
+whichever envs are ready; their actions go into the pool's ``act`` rows (on the policy's
+thread) and their ids into their shard's queue. Each shard is served by one long-lived task
+that hands its shard every queued row at once and, when the shard returns, records the
+frames of all of them with a few array operations. Per env step, the event loop pays for
+appending an int to a list: everything else is per shard call. A shard never waits for
+another, and an env never waits for a lock-step batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import anyio
+import numpy as np
+import torch
+
+from .._envs._specs import NestedKey
+from ._stream import ENV_ID, TRAJ, VERSION, StreamRollout
+
+__all__ = ["ShardedStreamRollout"]
+
+
+class ShardedStreamRollout(StreamRollout):
+    """`StreamRollout` for a pool whose envs step in shards (see the module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pool: Any = cast(Any, self.env)  # a SlotPool (a layer above this one): shards, act, step_shard
+        shards = self.pool.shards
+        self.pending: list[list[int]] = [[] for _ in shards]  # rows queued for each shard's next call
+        self._kicks: list[Any] = [None] * len(shards)  # an anyio.Event while the shard's task waits
+        self._shards_started = False
+        self._vcols: tuple[Any, ...] = ()
+        self._reset_src = [_np(self.pool._reset_obs[k]) for k in self.spec.observation]
+
+    # -- stepping -----------------------------------------------------------------------------
+    def _act(self, rows: list[int], random: bool) -> dict[NestedKey, torch.Tensor]:
+        actions = super()._act(rows, random)
+        idx = torch.tensor(rows, dtype=torch.int64)
+        for k, dst in self.pool.act.items():
+            dst.index_copy_(0, idx, actions[k].to(device=dst.device, dtype=dst.dtype))
+        return actions
+
+    def _dispatch(self, rows: list[int], actions: dict[NestedKey, torch.Tensor]) -> None:
+        if not self._shards_started:
+            self._shards_started = True
+            for s in range(len(self.pending)):
+                self._spawn_task(self._serve_shard, s)
+        shard_of = self.pool.shard_of
+        kicked = set()
+        for i in rows:
+            s = int(shard_of[i])
+            self.pending[s].append(i)
+            kicked.add(s)
+        for s in kicked:
+            event = self._kicks[s]
+            if event is not None:
+                self._kicks[s] = None
+                event.set()
+
+    async def _serve_shard(self, s: int) -> None:
+        """Shard ``s``'s task: step every queued row in one call, record, repeat."""
+        pending, pool = self.pending[s], self.pool
+        while True:
+            while not pending:
+                event = self._kicks[s] = anyio.Event()
+                await event.wait()
+            rows = np.array(pending, dtype=np.int64)
+            pending.clear()
+            try:
+                await pool.step_shard(s, rows)
+                self._record(rows)
+            except Exception as exc:  # raised by the collector's next acollect, not in its task group
+                if self.error is None:
+                    self.error = exc
+                return
+            finally:
+                self.in_flight -= len(rows)
+                if self._until is not None:
+                    self._poke()
+
+    # -- recording ----------------------------------------------------------------------------
+    def _bind(self, store: dict[Any, torch.Tensor]) -> None:
+        super()._bind(store)
+        self._vcols = tuple(store[k].view(-1).numpy() for k in (("next", "reward"), ("next", "terminated"),
+                            ("next", "truncated"), ("next", "done"), ENV_ID, TRAJ, VERSION))  # fmt: skip
+
+    def _record(self, rows: np.ndarray) -> None:
+        """The frames of ``rows``' steps, appended in one go; the envs that ended start a new trajectory."""
+        m = len(rows)
+        f = self.filled
+        self.filled = f + m
+        sl = slice(f, f + m)
+        for dst, src in self._copies:
+            dst[sl] = src[rows]
+        reward, term_np, trunc_np = self.env._flags_np
+        term, trunc = term_np[rows], trunc_np[rows]
+        done = term | trunc
+        r_col, term_col, trunc_col, done_col, env_col, traj_col, version_col = self._vcols
+        r_col[sl], term_col[sl], trunc_col[sl], done_col[sl] = reward[rows], term, trunc, done
+        env_col[sl], traj_col[sl], version_col[sl] = rows, self.pend_traj[rows], self.pend_version[rows]
+        self.steps_done += m
+        ended = rows[done]
+        for (dst, src), reset in zip(self._cur_copies, self._reset_src, strict=True):
+            dst[rows] = src[rows]
+            if len(ended):
+                dst[ended] = reset[ended]
+        if len(ended):
+            self.traj[ended] = self.counter.take_np(len(ended))
+        self.ready.extend(rows.tolist())
+
+
+def _np(t: torch.Tensor) -> Any:
+    try:
+        return t.numpy()
+    except TypeError:  # bfloat16: index the tensor itself
+        return t

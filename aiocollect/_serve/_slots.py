@@ -1,0 +1,235 @@
+"""`SlotPool`: single envs stepped in shards (threads or env-only processes) for central inference.
+
+The pool is what `AsyncBatchedCollector` gives the barrier-free rollout: an
+`AsyncBatchedEnv` of ``n`` independent envs split into shards. The rollout runs the policy
+on whichever envs are ready, writes their actions into the pool's ``act`` rows and hands
+each shard the rows it owns (`step_shard`); the shard steps those envs one by one and
+returns. A shard's rows that become ready while it is busy go in its next call, so a
+shard's thread (or process) never waits for another shard, and no env waits for a
+lock-step batch. Where the shards run is the backend's business (`ThreadShards` here,
+`ProcessShards` in ``_procs``); the pool and the rollout do not branch on it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import anyio
+import numpy as np
+import torch
+
+from .._core._threads import ThreadLane
+from .._envs._base import AsyncBatchedEnv
+from .._envs._gym_spaces import Leaf, flatten_space
+from .._envs._pool import PoolCounters
+from .._envs._specs import EnvSpec, NestedKey
+from .._rollout._shards import ShardedStreamRollout
+from ._shard import EnvShard, SlotArrays, slot_layout
+
+__all__ = ["ShardBackend", "SlotPool", "ThreadShards", "env_name", "shard_rows", "spec_from_spaces"]
+
+
+class ShardBackend(Protocol):
+    """Where a `SlotPool`'s shards run: one small interface for threads and processes."""
+
+    arrays: SlotArrays
+    shards: list[np.ndarray]  # each shard's env ids (rows of the arrays)
+
+    async def reset(self, seeds: Sequence[int | None] | None) -> None: ...
+
+    async def step(self, shard: int, rows: np.ndarray) -> None: ...
+
+    async def aclose(self, timeout: float) -> None: ...
+
+    def close_now(self) -> None: ...
+
+
+def shard_rows(n: int, envs_per_worker: int | None, default_shards: int) -> list[np.ndarray]:
+    """Split env ids ``0..n-1`` into contiguous shards of ``envs_per_worker`` (default: ``default_shards`` shards)."""
+    per = envs_per_worker if envs_per_worker is not None else math.ceil(n / max(1, min(n, default_shards)))
+    return [np.arange(lo, min(n, lo + per)) for lo in range(0, n, per)]
+
+
+def default_shard_count() -> int:
+    """One shard per core the process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def env_name(env: Any, i: int) -> str:
+    """``"CartPole-v1 (env 3)"``: the gymnasium id (else the class) and the env's index."""
+    name = getattr(getattr(env, "spec", None), "id", None) or type(getattr(env, "unwrapped", env)).__name__
+    return f"{name} (env {i})"
+
+
+def spec_from_spaces(obs_space: Any, act_space: Any, n: int) -> tuple[EnvSpec, list[Leaf], list[Leaf]]:
+    """The pool's spec (batch ``[n]``) and the flattened spaces of one env."""
+    obs_leaves = flatten_space(obs_space, "observation")
+    act_leaves = flatten_space(act_space, "action")
+    spec = EnvSpec(
+        torch.Size([n]),
+        observation={leaf.key: leaf.spec for leaf in obs_leaves},
+        action={leaf.key: leaf.spec for leaf in act_leaves},
+    )
+    return spec, obs_leaves, act_leaves
+
+
+def check_same_spaces(envs: Sequence[tuple[int, Any, Any]]) -> None:
+    """Every env must have the first one's spaces: the pool stores them in one set of arrays."""
+    first_id, obs0, act0 = envs[0]
+    for i, obs, act in envs[1:]:
+        if obs != obs0 or act != act0:
+            raise ValueError(
+                f"every env of an AsyncBatchedCollector must have the same spaces; env {i} has observation_space "
+                f"{obs} and action_space {act}, env {first_id} has {obs0} and {act0}: make the factories build "
+                "envs of one kind"
+            )
+
+
+class SlotPool(AsyncBatchedEnv):
+    """``n`` single envs in shards, stepped independently; see the module docstring.
+
+    Args:
+        backend: The shards (threads or processes), already started.
+        spec: The pool's spec (batch ``[n]``).
+        min_ready: The policy runs when this many envs are ready (or ``max_wait`` after the first).
+        max_ready: At most this many envs per policy call.
+        max_wait: Seconds to wait for ``min_ready`` envs; ``None``: no limit.
+    """
+
+    rollout_class = ShardedStreamRollout
+
+    def __init__(
+        self, backend: ShardBackend, spec: EnvSpec, *, min_ready: int, max_ready: int | None, max_wait: float | None
+    ) -> None:
+        self.backend, self.spec = backend, spec
+        self.min_ready, self.max_ready, self.max_wait = min_ready, max_ready, max_wait
+        arrays = backend.arrays
+        self._obs, self._reset_obs, self.act = arrays["obs"], arrays["reset_obs"], arrays["act"]
+        flags = arrays["flags"]
+        self._flags_np = tuple(flags[f].numpy() for f in ("reward", "terminated", "truncated"))
+        self.shards = backend.shards
+        self.shard_of = np.zeros(spec.numel, np.int64)
+        for s, rows in enumerate(self.shards):
+            self.shard_of[rows] = s
+        self.counters = PoolCounters()  # envs here raise; none is turned into a truncation
+        self._closed = False
+
+    async def _reset_arrays(self, mask: torch.Tensor | None, seeds: Sequence[int] | None) -> dict[NestedKey, Any]:
+        if mask is not None and not bool(mask.all()):
+            raise NotImplementedError("a SlotPool resets all its envs at once (the rollout resets the rest itself)")
+        await self.backend.reset(None if seeds is None else [int(s) for s in seeds])
+        return self._obs
+
+    async def step_shard(self, shard: int, rows: np.ndarray) -> None:
+        """Step the envs of ``rows`` (all in ``shard``) with their rows of ``act``."""
+        await self.backend.step(shard, rows)
+
+    async def reset(self, mask: torch.Tensor | None = None, seeds: Sequence[int] | None = None) -> Any:
+        """Reset every env; see `BatchedEnv.reset`."""
+        from tensordict import TensorDict
+
+        obs = await self._reset_arrays(mask, seeds)
+        return TensorDict({k: v.clone() for k, v in obs.items()}, batch_size=self.spec.batch_size)
+
+    async def step(self, action: Any) -> Any:
+        """Step every env once (all shards concurrently); envs whose episode ended are reset."""
+        from tensordict import TensorDict
+
+        for k, v in self.act.items():
+            v.copy_(action.get(k))
+
+        async def one(s: int) -> None:
+            await self.backend.step(s, self.shards[s])
+
+        async with anyio.create_task_group() as tg:
+            for s in range(len(self.shards)):
+                tg.start_soon(one, s)
+        data: dict[Any, torch.Tensor] = {k: v.clone() for k, v in self._obs.items()}
+        reward, term, trunc = self._flags_np
+        data.update(reward=torch.from_numpy(reward.copy()), terminated=torch.from_numpy(term.copy()),
+                    truncated=torch.from_numpy(trunc.copy()))  # fmt: skip
+        return TensorDict(data, batch_size=self.spec.batch_size)
+
+    async def aclose(self) -> None:
+        """Close every env where it lives, within ``cancel_grace`` seconds (then abandon or kill)."""
+        if self._closed:
+            return
+        self._closed = True
+        await self.backend.aclose(self.cancel_grace)
+
+    def close(self) -> None:
+        """Close at once, without waiting (threads still busy are abandoned; processes killed)."""
+        if not self._closed:
+            self._closed = True
+            self.backend.close_now()
+
+
+class ThreadShards:
+    """Shards on threads of this process: each shard's envs step on its own `ThreadLane`.
+
+    Args:
+        envs: The built envs, in env-id order.
+        shards: Each shard's env ids.
+        names: How errors name each env.
+    """
+
+    def __init__(self, envs: Sequence[Any], shards: list[np.ndarray], names: list[str]) -> None:
+        obs_space, act_space = envs[0].observation_space, envs[0].action_space
+        check_same_spaces([(i, e.observation_space, e.action_space) for i, e in enumerate(envs)])
+        self.spec, obs_leaves, act_leaves = spec_from_spaces(obs_space, act_space, len(envs))
+        self.arrays = allocate_slots(self.spec)
+        self.shards = shards
+        self._lanes = [ThreadLane(f"aiocollect env shard {s}") for s in range(len(shards))]
+        self._shards = [
+            EnvShard({int(i): envs[i] for i in rows}, obs_leaves, act_leaves, self.arrays,
+                     {int(i): names[i] for i in rows})
+            for rows in shards
+        ]  # fmt: skip
+
+    async def reset(self, seeds: Sequence[int | None] | None) -> None:
+        async def one(s: int) -> None:
+            rows = self.shards[s].tolist()
+            await self._lanes[s].run(self._shards[s].reset, rows, None if seeds is None else [seeds[i] for i in rows])
+
+        async with anyio.create_task_group() as tg:
+            for s in range(len(self.shards)):
+                tg.start_soon(one, s)
+
+    async def step(self, shard: int, rows: np.ndarray) -> None:
+        await self._lanes[shard].run(self._shards[shard].step, rows)
+
+    async def aclose(self, timeout: float) -> None:
+        error: BaseException | None = None
+        with anyio.move_on_after(timeout):
+            for lane, shard in zip(self._lanes, self._shards, strict=True):
+                try:
+                    await lane.run_final(shard.close)  # after the step in progress, if any
+                except Exception as exc:
+                    error = error or exc
+                await lane.aclose()
+        for lane in self._lanes:
+            lane.close()
+        if error is not None:
+            raise error
+
+    def close_now(self) -> None:
+        for lane, shard in zip(self._lanes, self._shards, strict=True):
+            if lane.idle:
+                shard.close()
+            lane.close()
+
+
+def allocate_slots(spec: EnvSpec, make: Callable[..., Any] | None = None) -> SlotArrays:
+    """Zeroed slot arrays for ``spec``'s envs (``make(layout)``: views of a shared block instead)."""
+    from ._shard import group_views
+
+    layout = slot_layout(spec.numel, spec.observation, spec.action)
+    if make is not None:
+        return group_views(make(layout))
+    return group_views({key: torch.zeros(shape, dtype=dtype) for key, shape, dtype in layout})

@@ -1,0 +1,78 @@
+"""Envs for the central-inference tests, importable by env worker processes.
+
+`CountEnv` makes every frame checkable: its observation is ``[env id, step in episode]``,
+its reward is the action it was given, and env ``i``'s episodes last ``3 + i`` steps. A
+frame lost, duplicated, reordered or paired with another env's action shows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium import spaces
+
+
+class CountEnv(gym.Env):
+    observation_space = spaces.Box(-1e6, 1e6, (2,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, env_id: int, fail_at: int | None = None, gate: Any = None, length: int | None = None) -> None:
+        self.env_id, self.fail_at, self.gate = env_id, fail_at, gate
+        self.length = 3 + env_id if length is None else length
+        self.t = 0
+        self.steps = 0
+        self.closed = False
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.env_id, self.t], np.float32)
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[np.ndarray, dict[str, Any]]:
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        if self.gate is not None:
+            self.gate(self.env_id, self.steps)
+        self.steps += 1
+        if self.fail_at is not None and self.steps >= self.fail_at:
+            raise ValueError(f"CountEnv {self.env_id} broke at step {self.steps}")
+        self.t += 1
+        return self._obs(), float(action), self.t >= self.length, False, {}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Parity(torch.nn.Module):
+    """A deterministic policy: action = step in episode % 2 (as int64). Records its batch sizes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.ones(()))
+        self.sizes: list[int] = []
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        self.sizes.append(observation.shape[0])
+        return (observation[..., 1] * self.scale.detach()).long() % 2
+
+
+class AsyncCountEnv:
+    """`CountEnv` as a coroutine env (stepped on the event loop)."""
+
+    observation_space = CountEnv.observation_space
+    action_space = CountEnv.action_space
+
+    def __init__(self, env_id: int, fail_at: int | None = None) -> None:
+        self._env = CountEnv(env_id, fail_at)
+
+    async def reset(self, *, seed: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+        return self._env.reset(seed=seed)
+
+    async def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        import anyio.lowlevel
+
+        await anyio.lowlevel.checkpoint()
+        return self._env.step(action)

@@ -1,0 +1,336 @@
+"""AsyncBatchedCollector: central inference over envs that step on their own.
+
+`CountEnv` frames say which env made them, at which step of its episode, and with which
+action (its reward), so every test can check that no frame is lost, duplicated, reordered
+or mismatched, whatever the env backend.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from functools import partial
+from typing import Any
+
+import anyio
+import gymnasium as gym
+import pytest
+import torch
+from _central_envs import AsyncCountEnv, CountEnv, Parity
+
+from aiocollect import AsyncBatchedCollector, Collector, ReplayBuffer, WorkerError
+from aiocollect import blocking as B
+
+pytestmark = pytest.mark.anyio
+
+ENV_BACKENDS = ["threading", "multiprocessing", "coroutine"]
+
+
+def count_envs(n: int, backend: str, **kwargs: Any) -> list[Any]:
+    kind = AsyncCountEnv if backend == "coroutine" else CountEnv
+    return [partial(kind, i, **kwargs) for i in range(n)]
+
+
+def check_batch(batch: Any) -> None:
+    """Grouped by env, each env's frames in time order, every frame internally consistent."""
+    env = batch["collector", "env_id"]
+    assert bool((env[1:] >= env[:-1]).all()), "frames are grouped by env"
+    check_frames(batch)
+
+
+def check_frames(batch: Any) -> None:
+    """Each frame is one env's step: its own env, its own action, one step on."""
+    env = batch["collector", "env_id"]
+    assert torch.equal(env, batch["env_index"])
+    obs, nxt = batch["observation"], batch["next", "observation"]
+    assert torch.equal(obs[:, 0].long(), env), "each frame is its own env's"
+    assert torch.equal(nxt[:, 1], obs[:, 1] + 1), "next observation is one step on"
+    assert torch.equal(batch["next", "reward"].squeeze(-1), batch["action"].float()), "the frame's own action"
+    done = batch["next", "done"].squeeze(-1)
+    assert torch.equal(done, nxt[:, 1] >= 3 + env.float()), "done exactly at each episode's end"
+
+
+def per_env(batches: list[Any], n: int) -> dict[int, list[tuple[float, int, bool]]]:
+    """Each env's frames across batches as (step in episode, traj id, done), in order."""
+    out: dict[int, list[tuple[float, int, bool]]] = {i: [] for i in range(n)}
+    for b in batches:
+        columns = (b["collector", "env_id"], b["observation"][:, 1], b["collector", "traj_ids"], b["next", "done"])
+        for e, t, traj, d in zip(*(c.reshape(-1).tolist() for c in columns), strict=True):
+            out[e].append((t, traj, d))
+    return out
+
+
+def check_continuity(batches: list[Any], n: int) -> None:
+    """No frame lost or duplicated: each env's steps run 0, 1, ..., end, 0, 1, ... across batches."""
+    for e, frames in per_env(batches, n).items():
+        assert frames, f"env {e} made no frame"
+        assert frames[0][0] == 0
+        for (t0, traj0, d0), (t1, traj1, _) in itertools.pairwise(frames):
+            if d0:
+                assert t1 == 0 and traj1 != traj0, f"env {e}: a new episode after each end"
+            else:
+                assert t1 == t0 + 1 and traj1 == traj0, f"env {e}: steps follow each other"
+
+
+@pytest.mark.all_backends
+@pytest.mark.parametrize("env_backend", ENV_BACKENDS)
+async def test_every_frame_once_grouped_by_env_in_order(env_backend: str) -> None:
+    n, fpb = 6, 50
+    policy = Parity()
+    batches = []
+    with anyio.fail_after(60):
+        async with AsyncBatchedCollector(count_envs(n, env_backend), policy=policy, frames_per_batch=fpb,
+                                         total_frames=fpb * 4, env_backend=env_backend,
+                                         envs_per_worker=3) as c:  # fmt: skip
+            async for batch in c:
+                assert batch.shape == (fpb,)
+                check_batch(batch)
+                assert bool((batch["action"] == batch["observation"][:, 1].long() % 2).all()), "the policy's action"
+                batches.append(batch)
+    assert len(batches) == 4
+    check_continuity(batches, n)
+
+
+@pytest.mark.parametrize("env_backend", ["threading", "multiprocessing"])
+async def test_forward_passes_take_at_most_max_batch_size(env_backend: str) -> None:
+    policy = Parity()
+    with anyio.fail_after(60):
+        async with AsyncBatchedCollector(count_envs(8, env_backend), policy=policy, frames_per_batch=40,
+                                         total_frames=120, max_batch_size=3, env_backend=env_backend) as c:  # fmt: skip
+            async for batch in c:
+                check_batch(batch)
+    assert policy.sizes and max(policy.sizes[1:]) <= 3  # the first call (size 1) learns the layout
+
+
+async def test_forward_passes_wait_for_min_batch_size_across_shards() -> None:
+    policy = Parity()
+    with anyio.fail_after(60):
+        async with AsyncBatchedCollector(count_envs(8, "threading"), policy=policy, frames_per_batch=64,
+                                         total_frames=192, min_batch_size=8, server_timeout=30.0,
+                                         envs_per_worker=2) as c:  # fmt: skip
+            async for batch in c:
+                check_batch(batch)
+    assert set(policy.sizes[1:]) == {8}, "four shards, but every forward pass waits for all eight envs"
+
+
+async def test_server_timeout_runs_the_envs_that_are_ready() -> None:
+    """Env 7 holds its second step until the first batch is out: the others go on without it."""
+    release = threading.Event()
+
+    def gate(env_id: int, steps: int) -> None:
+        if env_id == 7 and steps == 1:
+            release.wait(30)
+
+    policy = Parity()
+    with anyio.fail_after(60):
+        async with AsyncBatchedCollector(count_envs(8, "threading", gate=gate), policy=policy, frames_per_batch=40,
+                                         total_frames=80, min_batch_size=8, server_timeout=0.02,
+                                         envs_per_worker=4) as c:  # fmt: skip
+            batches = []
+            async for batch in c:
+                check_batch(batch)
+                batches.append(batch)
+                release.set()
+    first = batches[0]["collector", "env_id"]
+    assert int((first == 7).sum()) == 1, "env 7 made its first frame only, while it waited"
+    assert int((first < 4).sum()) > 4, "envs of the other shard stepped on"
+    assert min(policy.sizes[1:]) < 8, "partial forward passes after server_timeout"
+
+
+async def test_a_deterministic_policy_gives_each_env_the_collector_trajectory() -> None:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+
+    class Greedy(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = net
+
+        def forward(self, observation: torch.Tensor) -> torch.Tensor:
+            return self.net(observation).argmax(-1)
+
+    n, frames = 4, 200
+    make = partial(gym.make, "CartPole-v1")
+    vec = partial(gym.vector.SyncVectorEnv, [make] * n, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    with anyio.fail_after(60):
+        async with Collector(vec, Greedy(), frames_per_batch=frames, total_frames=frames) as c:
+            c.set_seed(7)
+            (ref,) = [b async for b in c]  # [n, frames / n]
+        async with AsyncBatchedCollector([make] * n, policy=Greedy(), frames_per_batch=frames,
+                                         total_frames=frames) as central:  # fmt: skip
+            central.set_seed(7)
+            (got,) = [b async for b in central]
+    env = got["collector", "env_id"]
+    for i in range(n):
+        mine = got[env == i]
+        k = min(mine.shape[0], ref.shape[1])
+        assert k > 10
+        for key in ("observation", "action", ("next", "observation"), ("next", "done")):
+            assert torch.equal(mine[key][:k], ref[i, :k][key]), f"env {i}, {key}"
+
+
+async def test_frames_carry_the_version_that_chose_their_action() -> None:
+    policy = Parity()
+    with anyio.fail_after(60):
+        async with AsyncBatchedCollector(count_envs(4, "threading"), policy=policy, frames_per_batch=40,
+                                         total_frames=160) as c:  # fmt: skip
+            versions = []
+            async for batch in c:
+                check_batch(batch)
+                assert torch.equal(batch["policy_version"], batch["collector", "policy_version"])
+                versions.append(batch["policy_version"])
+                if len(versions) == 1:
+                    await c.update_policy_weights_()
+    assert set(versions[0].tolist()) == {0}
+    assert set(versions[-1].tolist()) == {1}, "the update reaches every env's later actions"
+
+
+async def test_a_failing_env_is_named_threading() -> None:
+    envs = [partial(CountEnv, i, fail_at=5 if i == 2 else None) for i in range(4)]
+    with anyio.fail_after(60), pytest.raises(ValueError, match="CountEnv 2 broke") as info:
+        async with AsyncBatchedCollector(envs, frames_per_batch=400, total_frames=800) as c:
+            async for _ in c:
+                pass
+    assert any("env 2" in note for note in info.value.__notes__)
+
+
+async def test_a_failing_env_is_named_multiprocessing() -> None:
+    envs = [partial(CountEnv, i, fail_at=5 if i == 3 else None) for i in range(4)]
+    with anyio.fail_after(60), pytest.raises(WorkerError, match="CountEnv 3 broke") as info:
+        async with AsyncBatchedCollector(envs, frames_per_batch=400, total_frames=800,
+                                         env_backend="multiprocessing", envs_per_worker=2) as c:  # fmt: skip
+            async for _ in c:
+                pass
+    assert info.value.worker_id == 1, "env 3 steps in the second worker"
+    assert isinstance(info.value.__cause__, ValueError)
+    assert "in step" in str(info.value.__cause__.__cause__), "the worker's traceback"
+
+
+async def test_a_failing_policy_raises_its_error() -> None:
+    class Broken(torch.nn.Module):
+        def forward(self, observation: torch.Tensor) -> torch.Tensor:
+            raise RuntimeError("policy broke")
+
+    with anyio.fail_after(60), pytest.raises(RuntimeError, match="policy broke"):
+        async with AsyncBatchedCollector(count_envs(4, "threading"), policy=Broken(), frames_per_batch=40) as c:
+            async for _ in c:
+                pass
+
+
+@pytest.mark.parametrize("env_backend", ENV_BACKENDS)
+@pytest.mark.parametrize("how", ["break", "raise", "cancel"])
+async def test_every_exit_path_stops_the_envs(env_backend: str, how: str) -> None:
+    release = anyio.Event()
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+
+            async def consume() -> None:
+                async with AsyncBatchedCollector(count_envs(4, env_backend), frames_per_batch=20,
+                                                 env_backend=env_backend) as c:  # fmt: skip
+                    async for _ in c:
+                        if how == "break":
+                            break
+                        if how == "raise":
+                            raise KeyError("in the loop body")
+                        release.set()
+                        await anyio.sleep_forever()
+
+            if how == "raise":
+                with pytest.raises(KeyError):
+                    await consume()
+            else:
+                tg.start_soon(consume)
+                if how == "cancel":
+                    await release.wait()
+                    tg.cancel_scope.cancel()
+
+
+async def test_reset_at_each_iter_restarts_every_env_each_batch() -> None:
+    with anyio.fail_after(60):
+        async with AsyncBatchedCollector(count_envs(4, "threading", length=10_000), frames_per_batch=40,
+                                         total_frames=160, reset_at_each_iter=True) as c:  # fmt: skip
+            batches = [b async for b in c]
+    for b in batches[1:]:
+        env, t = b["collector", "env_id"], b["observation"][:, 1]
+        assert set(env[t == 0].tolist()) == {0, 1, 2, 3}, "every env starts afresh in every batch"
+
+
+async def test_set_truncated_ends_each_env_run_in_the_batch() -> None:
+    with anyio.fail_after(60):
+        async with AsyncBatchedCollector(count_envs(4, "threading", length=10_000), frames_per_batch=40,
+                                         total_frames=40, set_truncated=True) as c:  # fmt: skip
+            (batch,) = [b async for b in c]
+    env = batch["collector", "env_id"]
+    last = torch.ones_like(env, dtype=torch.bool)
+    last[:-1] = env[1:] != env[:-1]
+    assert torch.equal(batch["next", "truncated"].squeeze(-1), last)
+
+
+async def test_writes_into_a_replay_buffer() -> None:
+    rb = ReplayBuffer(1000)
+    with anyio.fail_after(60):
+        async with AsyncBatchedCollector(count_envs(4, "threading"), frames_per_batch=32, total_frames=96,
+                                         replay_buffer=rb) as c:  # fmt: skip
+            assert [b async for b in c] == [None, None, None]
+    assert len(rb) == 96
+    check_frames(rb.sample_nowait(32))
+
+
+def test_the_blocking_twin_collects() -> None:
+    with B.AsyncBatchedCollector(count_envs(3, "threading"), frames_per_batch=30, total_frames=60) as c:
+        batches = list(c)
+    assert [b.shape for b in batches] == [torch.Size([30])] * 2
+    for b in batches:
+        check_batch(b)
+    check_continuity(batches, 3)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"create_env_fn": []}, TypeError, "non-empty list of env factories"),
+        ({"create_env_fn": "CartPole-v1"}, TypeError, "non-empty list of env factories"),
+        ({"create_env_fn": [3]}, TypeError, r"create_env_fn\[0\] must be an env id or a callable"),
+        ({"min_batch_size": 5, "max_batch_size": 4}, ValueError, "min_batch_size must be at most max_batch_size"),
+        ({"min_batch_size": 3}, ValueError, r"at most the number of envs \(2\)"),
+        ({"max_batch_size": 0}, ValueError, "max_batch_size must be"),
+        ({"server_timeout": -1}, ValueError, "server_timeout"),
+        ({"env_backend": "ray"}, ValueError, "env_backend must be one of"),
+        ({"start_method": "spawn"}, ValueError, "start_method applies to env_backend='multiprocessing'"),
+        ({"create_env_kwargs": [{}]}, ValueError, r"one per env \(2\)"),
+        ({"frames_per_batch": 0}, ValueError, "frames_per_batch"),
+    ],
+)
+def test_bad_arguments_fail_before_anything_is_built(kwargs: dict[str, Any], error: type, match: str) -> None:
+    built: list[int] = []
+
+    def make() -> gym.Env:
+        built.append(1)
+        return CountEnv(0)
+
+    args: dict[str, Any] = {"create_env_fn": [make, make], "frames_per_batch": 10, **kwargs}
+    with pytest.raises(error, match=match):
+        AsyncBatchedCollector(args.pop("create_env_fn"), **args)
+    assert not built
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: gym.make_vec("CartPole-v1", 2), "a batched env"),
+        (lambda: object(), "must return a gymnasium.Env or a coroutine env"),
+    ],
+)
+async def test_a_factory_returning_the_wrong_kind_of_env_is_named(make: Any, match: str) -> None:
+    with anyio.fail_after(30), pytest.raises(TypeError, match=match):
+        async with AsyncBatchedCollector([make, make], frames_per_batch=10) as c:
+            async for _ in c:
+                pass
+
+
+async def test_envs_with_different_spaces_are_refused() -> None:
+    with anyio.fail_after(30), pytest.raises(ValueError, match="same spaces; env 1"):
+        async with AsyncBatchedCollector([partial(gym.make, "CartPole-v1"), partial(gym.make, "Pendulum-v1")],
+                                         frames_per_batch=10) as c:  # fmt: skip
+            async for _ in c:
+                pass
