@@ -13,12 +13,13 @@ from functools import partial
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import gymnasium as gym
 import pytest
 import torch
 from _central_envs import AsyncCountEnv, CountEnv, Parity
 
-from aiocollect import AsyncBatchedCollector, Collector, ReplayBuffer, WorkerError
+from aiocollect import AsyncBatchedCollector, Collector, InferenceError, ReplayBuffer, WorkerError
 from aiocollect import blocking as B
 
 pytestmark = pytest.mark.anyio
@@ -334,3 +335,85 @@ async def test_envs_with_different_spaces_are_refused() -> None:
                                          frames_per_batch=10) as c:  # fmt: skip
             async for _ in c:
                 pass
+
+
+class CoroutineParity:
+    """A coroutine policy (a model server's client in real life): Parity's action, counting calls in flight."""
+
+    def __init__(self, answer: Any = None, fail_env: int | None = None, hang: bool = False) -> None:
+        self.in_flight = self.most = self.calls = 0
+        self.answer, self.fail_env, self.hang = answer, fail_env, hang
+
+    async def __call__(self, td: Any) -> Any:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            await anyio.lowlevel.checkpoint()
+            self.calls += 1
+            env = int(td["observation"][0])
+            if self.hang:
+                await anyio.sleep_forever()
+            if env == self.fail_env and self.calls > 3:
+                raise ConnectionError("the model server went away")
+            if self.answer is not None:
+                return self.answer
+            return td.set("action", td["observation"][1].long() % 2)
+        finally:
+            self.in_flight -= 1
+
+
+@pytest.mark.all_backends
+@pytest.mark.parametrize("env_backend", ENV_BACKENDS)
+async def test_a_coroutine_policy_is_awaited_per_env(env_backend: str) -> None:
+    policy = CoroutineParity()
+    with anyio.fail_after(60):
+        async with AsyncBatchedCollector(count_envs(6, env_backend), policy=policy, frames_per_batch=40,
+                                         total_frames=120, env_backend=env_backend, envs_per_worker=3,
+                                         max_concurrency=2) as c:  # fmt: skip
+            batches = []
+            async for batch in c:
+                check_batch(batch)
+                assert bool((batch["action"] == batch["observation"][:, 1].long() % 2).all()), "its answers"
+                batches.append(batch)
+    check_continuity(batches, 6)
+    assert policy.most == 2, "max_concurrency calls in flight, no more"
+
+
+async def test_a_coroutine_policy_that_fails_names_the_env() -> None:
+    with anyio.fail_after(60), pytest.raises(ConnectionError, match="went away") as info:
+        async with AsyncBatchedCollector(count_envs(4, "threading"), policy=CoroutineParity(fail_env=1),
+                                         frames_per_batch=400) as c:  # fmt: skip
+            async for _ in c:
+                pass
+    assert "raised by the coroutine policy for env 1" in info.value.__notes__
+
+
+async def test_a_coroutine_policy_past_its_timeout_is_named() -> None:
+    with anyio.fail_after(60), pytest.raises(InferenceError, match=r"did not answer env \d within policy_timeout"):
+        async with AsyncBatchedCollector(count_envs(2, "threading"), policy=CoroutineParity(hang=True),
+                                         frames_per_batch=40, policy_timeout=0.05) as c:  # fmt: skip
+            async for _ in c:
+                pass
+
+
+async def test_a_coroutine_policy_answer_of_the_wrong_shape_is_named() -> None:
+    with anyio.fail_after(60), pytest.raises(InferenceError, match=r"shape \(3,\) for 'action'"):
+        async with AsyncBatchedCollector(count_envs(2, "threading"), policy=CoroutineParity(answer=torch.zeros(3)),
+                                         frames_per_batch=40) as c:  # fmt: skip
+            async for _ in c:
+                pass
+
+
+async def test_a_coroutine_policy_version_moves_on_update_without_weights() -> None:
+    with anyio.fail_after(60):
+        async with AsyncBatchedCollector(count_envs(3, "threading"), policy=CoroutineParity(),
+                                         frames_per_batch=30, total_frames=90) as c:  # fmt: skip
+            versions = []
+            async for batch in c:
+                versions.append(set(batch["policy_version"].tolist()))
+                if len(versions) == 1:
+                    with pytest.raises(TypeError, match="holds its own weights"):
+                        await c.update_policy_weights_({"w": torch.zeros(1)})
+                    await c.update_policy_weights_()
+                    assert c.policy_version == 1
+    assert versions[0] == {0} and versions[-1] == {1}

@@ -9,6 +9,7 @@ from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
 from .._core._validate import check_int, check_seconds
+from .._rollout._coro import CoroutinePolicy, is_coroutine_policy
 from .._serve._build import ENV_BACKENDS, CentralEnvs
 from ._collector import Collector
 
@@ -42,7 +43,11 @@ class AsyncBatchedCollector(Collector):
         create_env_fn: One factory per env (or a gymnasium env id): each returns a single
             ``gymnasium.Env``, or a coroutine env (``async reset``/``step``, stepped on the event
             loop as in `AsyncEnvPool`). All envs must have the same spaces.
-        policy: ``None`` (random actions), an ``nn.Module`` or a TensorDict policy.
+        policy: ``None`` (random actions), an ``nn.Module`` or a TensorDict policy, run on
+            batches of ready envs; or a coroutine function (``async def policy(td)``, a client of
+            a model server), awaited once per env and step with that env's unbatched
+            observation, returning its action (a TensorDict holding the action keys, or the
+            action tensor).
         policy_factory: A zero-argument callable that builds the policy on the collector's thread.
         frames_per_batch: Frames per batch.
         total_frames: Frame budget; ``-1`` for endless collection.
@@ -72,7 +77,10 @@ class AsyncBatchedCollector(Collector):
         max_queued_batches: Batches collected ahead of the consumer.
         shutdown_timeout: Seconds teardown waits for env steps in progress.
         start_method: ``env_backend="multiprocessing"``: ``"forkserver"`` (default on Linux) or ``"spawn"``.
-        max_concurrency: Coroutine envs: at most this many steps in flight at once.
+        max_concurrency: At most this many coroutine-policy calls in flight at once, and at most
+            this many coroutine-env steps; ``None``: no limit.
+        policy_timeout: Seconds one coroutine-policy call may take (`InferenceError` naming
+            the env after that); ``None``: no limit.
 
     Raises:
         TypeError, ValueError: A bad argument, before anything is built.
@@ -117,6 +125,7 @@ class AsyncBatchedCollector(Collector):
         shutdown_timeout: float = 10.0,
         start_method: str | None = None,
         max_concurrency: int | None = None,
+        policy_timeout: float | None = None,
     ) -> None:
         fns = _check_fns(create_env_fn)
         n = len(fns)
@@ -144,6 +153,14 @@ class AsyncBatchedCollector(Collector):
                 raise ValueError("start_method applies to env_backend='multiprocessing' only; drop it")
             if start_method not in ("forkserver", "spawn"):
                 raise ValueError(f"start_method must be 'forkserver' or 'spawn', got {start_method!r}")
+        if policy_timeout is not None:
+            check_seconds("policy_timeout", policy_timeout)
+        self._coro: CoroutinePolicy | None = None
+        if is_coroutine_policy(policy):
+            self._coro = CoroutinePolicy(policy, max_concurrency, policy_timeout)
+            policy = None  # awaited per env by the rollout, not run on the collector's thread
+        elif policy_timeout is not None:
+            raise ValueError("policy_timeout applies to coroutine policies (async def) only; drop it")
         self._alias_keys = list(_ALIASES)
         if policy_version_key is not None:
             self._alias_keys.append((policy_version_key, ("collector", "policy_version")))
@@ -166,6 +183,26 @@ class AsyncBatchedCollector(Collector):
         super()._build()
         assert self._rollout is not None
         self._rollout.aliases = tuple(self._alias_keys)  # type: ignore[union-attr]
+        self._rollout.coro_policy = self._coro  # type: ignore[union-attr]
+
+    async def update_policy_weights_(self, policy_or_weights: Any = None, **kwargs: Any) -> None:
+        """Bring the policy up to date and bump `policy_version` (see `Collector.update_policy_weights_`).
+
+        A coroutine policy holds its weights where it runs: update them there, then call this
+        without arguments so that frames whose actions come after it carry the next version.
+        """
+        if self._coro is None:
+            await super().update_policy_weights_(policy_or_weights, **kwargs)
+            return
+        if policy_or_weights is not None or any(v is not None for v in kwargs.values()):
+            raise TypeError(
+                "a coroutine policy holds its own weights, which this collector cannot load; update them where the "
+                "policy runs, then call update_policy_weights_() without arguments to bump the version"
+            )
+        self._coro.version += 1
+
+    def _policy_version(self) -> int:
+        return super()._policy_version() if self._coro is None else self._coro.version
 
     def __repr__(self) -> str:
         return (

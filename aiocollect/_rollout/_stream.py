@@ -73,6 +73,8 @@ class StreamRollout:
     #: ``(new key, key)`` pairs: batches also hold each key's column under the new key
     #: (`AsyncBatchedCollector` repeats TorchRL's ``"env_index"`` and ``"policy_version"``).
     aliases: tuple[tuple[Any, Any], ...] = ()
+    #: A coroutine policy (`CoroutinePolicy`), awaited per env instead of ``policy``.
+    coro_policy: Any = None
 
     def __init__(
         self,
@@ -102,6 +104,7 @@ class StreamRollout:
         self.seeds: list[int] | None = None
         self.steps_done = 0
         self.traj = np.zeros(self.n, np.int64)
+        self._all_rows = list(range(self.n))
         self.cur: dict[NestedKey, torch.Tensor] = {}  # each env's observation awaiting an action
         self.pend: dict[NestedKey, torch.Tensor] = {}  # per env: what its step in flight was given
         self.pend_version = np.zeros(self.n, np.int64)
@@ -187,20 +190,7 @@ class StreamRollout:
             self.store = self._allocate()
             self._bind(self.store)
         N = self.N
-        while self.filled < N:
-            self._raise_error()
-            if len(self.ready) < self.min_ready:
-                await self._wait(self.min_ready)  # returns early at max_wait, or with the batch full
-                if not self.ready or self.filled >= N:
-                    continue
-            take = self.max_ready
-            if take is None or len(self.ready) <= take:
-                rows, self.ready = self.ready, []
-            else:  # the longest-waiting envs first
-                rows, self.ready = self.ready[:take], self.ready[take:]
-            actions = await run_sync(self._act, rows, random)
-            self.in_flight += len(rows)
-            self._dispatch(rows, actions)
+        await self._fill(random, run_sync)
         store = self.store
         # Group by env, time order kept within each (a stable sort): trajectories are contiguous.
         order = torch.from_numpy(np.argsort(store[ENV_ID][:N].numpy(), kind="stable"))
@@ -228,6 +218,29 @@ class StreamRollout:
             data = {k: v.to(dev) for k, v in data.items()}
         return TensorDict(data, batch_size=[N], device=dev)
 
+    async def _fill(self, random: bool, run_sync: Callable[..., Awaitable[Any]]) -> None:
+        """Run the policy on ready envs and start their steps until the batch holds its frames."""
+        if self.coro_policy is not None:
+            from ._coro import fill_with_coroutine_policy
+
+            await fill_with_coroutine_policy(self)
+            return
+        N = self.N
+        while self.filled < N:
+            self._raise_error()
+            if len(self.ready) < self.min_ready:
+                await self._wait(self.min_ready)  # returns early at max_wait, or with the batch full
+                if not self.ready or self.filled >= N:
+                    continue
+            take = self.max_ready
+            if take is None or len(self.ready) <= take:
+                rows, self.ready = self.ready, []
+            else:  # the longest-waiting envs first
+                rows, self.ready = self.ready[:take], self.ready[take:]
+            actions = await run_sync(self._act, rows, random)
+            self.in_flight += len(rows)
+            self._dispatch(rows, actions)
+
     def cancel_steps(self) -> None:
         """Cancel every env step in flight (the collector is shutting down); loop thread only."""
         if self._stopping is not None:
@@ -253,6 +266,11 @@ class StreamRollout:
         acts = self.env._actions(actions)
         for j, i in enumerate(rows):
             self._spawn_task(self._step, i, acts[j])
+
+    def _dispatch_one(self, i: int, action: dict[NestedKey, torch.Tensor]) -> None:
+        """Start env ``i``'s step with its (unbatched) ``action``."""
+        act = self.env._actions({k: v.unsqueeze(0) for k, v in action.items()})[0]
+        self._spawn_task(self._step, i, act)
 
     def _raise_error(self) -> None:
         if self.error is not None:
@@ -375,29 +393,47 @@ class StreamRollout:
         self.specs = specs
         self.pend = {k: s.zeros((self.n,)) for k, s in specs.items()}
 
+    def _store_actions(self, idx: torch.Tensor | None, out: dict[NestedKey, torch.Tensor]) -> None:
+        """Where a pool takes its actions from arrays (a sharded pool), put them there (``idx``: rows; None: all)."""
+
     def _act(self, rows: list[int], random: bool) -> dict[NestedKey, torch.Tensor]:
         """Run the policy on the ready envs' observations; remember what each env is given."""
         if self.stop.is_set():
             from ._rollout import Interrupted
 
             raise Interrupted
-        idx = torch.tensor(rows, dtype=torch.int64)
-        obs = {k: v.index_select(0, idx) for k, v in self.cur.items()}
+        n = len(rows)
+        # Every env at once, in order (one shard, or a lock-step start): slices, no index ops.
+        whole = n == self.n and rows == self._all_rows
+        idx = None if whole else torch.tensor(rows, dtype=torch.int64)
+        obs = dict(self.cur) if idx is None else {k: v.index_select(0, idx) for k, v in self.cur.items()}
         versions: list[int] = []
         if random:
             versions.append(self.policy.version)
-            out = {k: s.sample(self.generator, (len(rows),)) for k, s in self.spec.action.items()}
+            out = {k: s.sample(self.generator, (n,)) for k, s in self.spec.action.items()}
         else:
             with torch.no_grad():
                 out = self.policy(obs, versions)
         pend = self.pend
         for k in self.spec.observation:
-            pend[k].index_copy_(0, idx, obs[k])
+            if idx is None:
+                pend[k].copy_(obs[k])
+            else:
+                pend[k].index_copy_(0, idx, obs[k])
         for k in (*self.spec.action, *self.extras):
             if k in out:
-                pend[k].index_copy_(0, idx, out[k].to(pend[k].dtype))
-        self.pend_version[rows] = versions[0]
-        self.pend_traj[rows] = self.traj[rows]
+                if idx is None:
+                    pend[k].copy_(out[k])
+                else:
+                    pend[k].index_copy_(0, idx, out[k].to(pend[k].dtype))
+        if whole:
+            self.pend_version[:] = versions[0]
+            self.pend_traj[:] = self.traj
+        else:
+            sel = np.asarray(rows)
+            self.pend_version[sel] = versions[0]
+            self.pend_traj[sel] = self.traj[sel]
+        self._store_actions(idx, out)
         return {k: out[k] for k in self.spec.action}
 
 

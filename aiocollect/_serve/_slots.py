@@ -118,6 +118,8 @@ class SlotPool(AsyncBatchedEnv):
         for s, rows in enumerate(self.shards):
             self.shard_of[rows] = s
         self.counters = PoolCounters()  # envs here raise; none is turned into a truncation
+        #: ``step(rows)`` callable on any thread (one shard of thread-safe envs), else None.
+        self.inline_step = getattr(backend, "inline_step", None)
         self._closed = False
 
     async def _reset_arrays(self, mask: torch.Tensor | None, seeds: Sequence[int] | None) -> dict[NestedKey, Any]:
@@ -186,11 +188,13 @@ class ThreadShards:
         self.arrays = allocate_slots(self.spec)
         self.shards = shards
         self._lanes = [ThreadLane(f"aiocollect env shard {s}") for s in range(len(shards))]
+        # One shard steps on the collector's own thread (see ShardedStreamRollout._fill).
         self._shards = [
             EnvShard({int(i): envs[i] for i in rows}, obs_leaves, act_leaves, self.arrays,
                      {int(i): names[i] for i in rows})
             for rows in shards
         ]  # fmt: skip
+        self.inline_step = self._shards[0].step if len(shards) == 1 else None
 
     async def reset(self, seeds: Sequence[int | None] | None) -> None:
         async def one(s: int) -> None:

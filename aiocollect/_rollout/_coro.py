@@ -1,0 +1,147 @@
+"""Coroutine policies: a policy that is a client of something else, awaited once per env and step.
+
+A policy may live outside the process: a model server, an LLM endpoint. Then it is a
+coroutine function, ``async def policy(td) -> td_or_action``, called with one env's
+observation (an unbatched ``TensorDict``) and returning the action: a ``TensorDict`` (or
+mapping) holding the action keys, or the action tensor itself when the env has one action
+key. Each ready env gets its own call, as its own task: at most ``max_concurrency`` in flight,
+each within ``timeout`` seconds. An env's step starts as soon as its own answer arrives, on
+whatever kind of env the pool holds (coroutine envs on the loop, threads, processes).
+
+A call that raises, returns something that is not an action for the env, or runs past
+``timeout`` stops collection with an error naming the env (the policy's own exception, with
+a note; `InferenceError` for a timeout or a wrong answer).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import anyio
+import torch
+
+from .._core._errors import InferenceError
+
+__all__ = ["CoroutinePolicy", "fill_with_coroutine_policy", "is_coroutine_policy"]
+
+
+def is_coroutine_policy(policy: Any) -> bool:
+    """``async def`` functions and objects whose ``__call__`` is one."""
+    if policy is None:
+        return False
+    return inspect.iscoroutinefunction(policy) or inspect.iscoroutinefunction(getattr(policy, "__call__", None))  # noqa: B004
+
+
+class CoroutinePolicy:
+    """A coroutine policy with its concurrency limit and per-call timeout.
+
+    Args:
+        fn: The coroutine function.
+        max_concurrency: At most this many calls in flight; ``None``: one per env.
+        timeout: Seconds one call may take; ``None``: no limit.
+    """
+
+    def __init__(self, fn: Callable[..., Any], max_concurrency: int | None, timeout: float | None) -> None:
+        self.fn, self.timeout = fn, timeout
+        self.max_concurrency = max_concurrency
+        self._limit: anyio.Semaphore | None = None
+        self.version = 0
+
+    def limiter(self) -> anyio.Semaphore | None:
+        if self._limit is None and self.max_concurrency is not None:
+            self._limit = anyio.Semaphore(self.max_concurrency)  # made on the loop that uses it
+        return self._limit
+
+    async def call(self, request: Any, env: int) -> Any:
+        limit = self.limiter()
+        if limit is None:
+            return await self._timed(request, env)
+        async with limit:
+            return await self._timed(request, env)
+
+    async def _timed(self, request: Any, env: int) -> Any:
+        if self.timeout is None:
+            return await self.fn(request)
+        with anyio.move_on_after(self.timeout):
+            return await self.fn(request)
+        raise InferenceError(
+            f"the coroutine policy did not answer env {env} within policy_timeout={self.timeout}s; raise "
+            "policy_timeout or make the policy answer sooner"
+        )
+
+
+async def fill_with_coroutine_policy(rollout: Any) -> None:
+    """`StreamRollout._fill` for a coroutine policy: one call per ready env, each starting its env's step."""
+    while rollout.filled < rollout.N:
+        rollout._raise_error()
+        if not rollout.ready:
+            await rollout._wait(1)
+            continue
+        rows, rollout.ready = rollout.ready, []
+        rollout.in_flight += len(rows)
+        for i in rows:
+            rollout._spawn_task(_act_one, rollout, i)
+
+
+async def _act_one(rollout: Any, i: int) -> None:
+    from tensordict import TensorDict
+
+    policy = rollout.coro_policy
+    assert policy is not None
+    started = False
+    try:
+        obs = {k: v[i].clone() for k, v in rollout.cur.items()}
+        answer = await policy.call(TensorDict(obs, batch_size=[]), i)
+        action = _action_of(answer, rollout, i)
+        for k, v in obs.items():
+            rollout.pend[k][i] = v
+        for k, v in action.items():
+            rollout.pend[k][i] = v
+        rollout.pend_version[i] = policy.version
+        rollout.pend_traj[i] = rollout.traj[i]
+        started = True
+        rollout._dispatch_one(i, action)  # the step's task (or shard queue) takes over the in-flight count
+    except Exception as exc:
+        _note(exc, i)
+        if rollout.error is None:
+            rollout.error = exc
+    finally:
+        if not started:
+            rollout.in_flight -= 1
+            if rollout._until is not None:
+                rollout._poke()
+
+
+def _action_of(answer: Any, rollout: Any, i: int) -> dict[Any, torch.Tensor]:
+    """The action tensors in ``answer``, checked against the env's action spec."""
+    from tensordict import TensorDictBase
+
+    specs = rollout.spec.action
+    if isinstance(answer, torch.Tensor) and len(specs) == 1:
+        answer = {next(iter(specs)): answer}
+    if not isinstance(answer, (Mapping, TensorDictBase)):
+        raise InferenceError(
+            f"the coroutine policy answered env {i} with {type(answer).__name__}; return a TensorDict or mapping "
+            f"holding {list(specs)}, or the action tensor"
+        )
+    out: dict[Any, torch.Tensor] = {}
+    for k, spec in specs.items():
+        value = answer.get(k)
+        if not isinstance(value, torch.Tensor):
+            value = None if value is None else torch.as_tensor(value)
+        if value is None or tuple(value.shape) != tuple(spec.shape):
+            got = "nothing" if value is None else f"shape {tuple(value.shape)}"
+            raise InferenceError(
+                f"the coroutine policy answered env {i} with {got} for {k!r}; the env's action spec wants shape "
+                f"{tuple(spec.shape)} (one env's action, unbatched)"
+            )
+        out[k] = value.to(spec.dtype)
+    return out
+
+
+def _note(exc: BaseException, i: int) -> None:
+    note = f"raised by the coroutine policy for env {i}"
+    if hasattr(exc, "add_note") and note not in getattr(exc, "__notes__", ()):
+        exc.add_note(note)

@@ -1,0 +1,182 @@
+#!/usr/bin/env python
+"""Central inference: AsyncBatchedCollector side by side with TorchRL's and with per-worker policies.
+
+Workloads (the benchmarks' 64-64 MLP unless said):
+
+* ``cartpole64``: 64 CartPole envs. Rows: the bare loop (`_workloads.bare_loop` on a 64-env
+  ``SyncVectorEnv``, the tightest honest loop), aiocollect's in-process `Collector` on the same
+  vector env, aiocollect's `AsyncBatchedCollector` with its envs on one thread and in two
+  env-only processes, and TorchRL's ``AsyncBatchedCollector`` with ``env_backend="threading"``
+  and ``"multiprocessing"`` (optional dependency).
+* ``heavy``: a policy whose forward pass at batch 1 costs about 1 ms (a 4-2048-2048-2 MLP),
+  2 env workers x 32 CartPoles. Rows: `AsyncBatchedCollector` (two env-only processes, the
+  policy once, in this process) and `MultiSyncCollector` (two workers, each with its own copy).
+
+Each row runs in a fresh interpreter (``--row`` re-runs this script), collects a warm-up batch,
+then times ``--batches`` batches; frames/s is the median of ``--repeats`` runs. Ratios are to
+the rows the issue names: TorchRL's ``AsyncBatchedCollector`` and aiocollect's in-process
+collector (``cartpole64``), ``MultiSyncCollector`` (``heavy``).
+
+Usage::
+
+    python benchmarks/bench_central.py                      # both workloads, 3 repeats
+    python benchmarks/bench_central.py --workload cartpole64 --repeats 1 --no-torchrl
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling modules, from any cwd
+import _workloads as wl
+import torch
+from torch import nn
+
+N_ENVS = 64
+
+
+class HeavyPolicy(nn.Module):
+    """obs -> action index, about 1 ms per forward pass at batch 1 on one core."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(4, 2048), nn.Tanh(), nn.Linear(2048, 2048), nn.Tanh(), nn.Linear(2048, 2))
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return self.net(observation).argmax(-1)
+
+
+def _policy(workload: str) -> nn.Module:
+    return wl.seeded(HeavyPolicy) if workload == "heavy" else wl.seeded(wl.DiscretePolicy)
+
+
+def _time_iter(it: Any, batches: int, frames_of: Any) -> float:
+    """Frames/s over ``batches`` batches after one warm-up batch."""
+    next(it)
+    start, frames = time.perf_counter(), 0
+    for _ in range(batches):
+        frames += frames_of(next(it))
+    return frames / (time.perf_counter() - start)
+
+
+def _numel(batch: Any) -> int:
+    return int(batch.numel())
+
+
+def run_row(row: str, workload: str, fpb: int, batches: int) -> float:
+    """One row's frames/s (in this process)."""
+    torch.set_num_threads(1)
+    policy = _policy(workload)
+    make = functools.partial(wl.make_env, "CartPole-v1")
+    total = fpb * (batches + 2)
+    if row == "bare loop":
+        vec = functools.partial(wl.make_vec, "CartPole-v1", N_ENVS)
+        return _time_iter(wl.bare_loop(vec, policy, fpb, total), batches, lambda b: b["observation"][..., 0].numel())
+    if row.startswith("aiocollect"):
+        from aiocollect.blocking import AsyncBatchedCollector, Collector, MultiSyncCollector
+
+        if row == "aiocollect Collector (in-process)":
+            vec = functools.partial(wl.make_vec, "CartPole-v1", N_ENVS)
+            c: Any = Collector(vec, policy, frames_per_batch=fpb, total_frames=total)
+        elif row == "aiocollect MultiSyncCollector (2 workers)":
+            vec = functools.partial(wl.make_vec, "CartPole-v1", N_ENVS // 2)
+            c = MultiSyncCollector([vec, vec], policy, frames_per_batch=fpb, total_frames=total)
+        else:
+            backend = "threading" if "thread" in row else "multiprocessing"
+            c = AsyncBatchedCollector([make] * N_ENVS, policy=policy, frames_per_batch=fpb, total_frames=total,
+                                      env_backend=backend)  # fmt: skip
+        with c:
+            return _time_iter(iter(c), batches, _numel)
+    from tensordict.nn import TensorDictModule
+    from torchrl.collectors import AsyncBatchedCollector as TorchRLAsyncBatched
+    from torchrl.envs import GymEnv
+
+    td_policy = TensorDictModule(policy, in_keys=["observation"], out_keys=["action"])
+    backend = "threading" if "thread" in row else "multiprocessing"
+    trl_make = functools.partial(GymEnv, "CartPole-v1", categorical_action_encoding=True)
+    c = TorchRLAsyncBatched([trl_make] * N_ENVS, policy=td_policy, frames_per_batch=fpb, total_frames=total,
+                            env_backend=backend)  # fmt: skip
+    try:
+        return _time_iter(iter(c), batches, _numel)
+    finally:
+        c.shutdown()
+
+
+ROWS = {
+    "cartpole64": [
+        "bare loop",
+        "aiocollect Collector (in-process)",
+        "aiocollect AsyncBatchedCollector (1 env thread)",
+        "aiocollect AsyncBatchedCollector (2 env processes)",
+        "TorchRL AsyncBatchedCollector (threading)",
+        "TorchRL AsyncBatchedCollector (multiprocessing)",
+    ],
+    "heavy": [
+        "aiocollect AsyncBatchedCollector (2 env processes)",
+        "aiocollect MultiSyncCollector (2 workers)",
+    ],
+}
+
+
+def _in_fresh_process(row: str, workload: str, fpb: int, batches: int, timeout: float) -> float:
+    cmd = [sys.executable, os.path.abspath(__file__), "--row", row, "--workload", workload,
+           "--frames-per-batch", str(fpb), "--batches", str(batches)]  # fmt: skip
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        print(f"  {row}: timed out after {timeout:.0f}s", file=sys.stderr)
+        return float("nan")
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return float(json.loads(line[7:])["fps"])
+    print(f"  {row}: failed\n{out.stderr[-2000:]}", file=sys.stderr)
+    return float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--workload", action="append", choices=sorted(ROWS), help="default: all")
+    ap.add_argument("--repeats", type=int, default=3, help="fresh-process runs per row (median)")
+    ap.add_argument("--frames-per-batch", type=int, default=3200)
+    ap.add_argument("--batches", type=int, default=5, help="timed batches per run, after one warm-up batch")
+    ap.add_argument("--no-torchrl", action="store_true", help="leave out TorchRL's rows")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per run")
+    ap.add_argument("--row", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    workloads = args.workload or sorted(ROWS)
+    if args.row:
+        fps = run_row(args.row, workloads[0], args.frames_per_batch, args.batches)
+        print("RESULT " + json.dumps({"fps": fps}), flush=True)
+        return
+    print(f"# bench_central  python {sys.version.split()[0]}  torch {torch.__version__}  cpus {os.cpu_count()}  "
+          f"load {os.getloadavg()[0]:.2f}")  # fmt: skip
+    for workload in workloads:
+        rows = [r for r in ROWS[workload] if not (args.no_torchrl and r.startswith("TorchRL"))]
+        runs: dict[str, list[float]] = {r: [] for r in rows}
+        for _ in range(args.repeats):  # rows round robin: drift hits every row alike
+            for r in rows:
+                runs[r].append(_in_fresh_process(r, workload, args.frames_per_batch, args.batches, args.timeout))
+        fps = {r: statistics.median(v) for r, v in runs.items()}
+        refs = {"cartpole64": ["TorchRL AsyncBatchedCollector (threading)", "aiocollect Collector (in-process)",
+                               "bare loop"],
+                "heavy": ["aiocollect MultiSyncCollector (2 workers)"]}[workload]  # fmt: skip
+        refs = [r for r in refs if r in fps]
+        print(f"\n## {workload}: {N_ENVS} CartPoles, frames_per_batch {args.frames_per_batch}, "
+              f"median of {args.repeats}")  # fmt: skip
+        header = f"{'row':<52} {'frames/s':>10}" + "".join(f"  vs {r.split(' (')[0][:24]:>24}" for r in refs)
+        print(header)
+        for r in rows:
+            cells = "".join(f"  {fps[r] / fps[ref]:>27.2f}x" for ref in refs)
+            print(f"{r:<52} {fps[r]:>10,.0f}{cells}")
+
+
+if __name__ == "__main__":
+    main()
