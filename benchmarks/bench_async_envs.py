@@ -259,15 +259,14 @@ def main(argv: list[str] | None = None) -> int:
             )
         # Rows interleaved round by round, so a slow patch of a shared machine hits them all.
         samples: dict[str, list[float]] = {name: [] for name in makers}
-        for _ in range(args.rounds):
-            for name, make in makers.items():
-                samples[name].append(make())
+        for _, name in h.round_robin(list(makers), args.rounds):
+            samples[name].append(makers[name]())
         runs = {name: h.median(v) for name, v in samples.items()}
         bare = runs["bare asyncio loop"]
         cells = []
         for name, fps in runs.items():
             overhead = (1 / fps - delay / n) * 1e6
-            cells.append([name, f"{fps:,.0f}", f"{overhead:.1f}", f"{fps / bare:.2f}x"])
+            cells.append([name, f"{fps:,.0f}", f"{overhead:.1f}", h.fmt_x(h.div(fps, bare))])
             rows.append({"envs": n, "delay": delay, "row": name, "fps": fps, "overhead_us": overhead})
         for line in h.console_table(cols, cells):
             log("  " + line)

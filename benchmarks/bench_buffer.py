@@ -210,31 +210,6 @@ class OpRow:
         return h.spread(self.runs)
 
 
-def direct_runner(fn: Callable[[], Any]) -> Callable[[int], float]:
-    def run(n: int) -> float:
-        t = time.perf_counter()
-        for _ in range(n):
-            fn()
-        return time.perf_counter() - t
-
-    return run
-
-
-def async_runner(afn: Callable[[], Awaitable[Any]]) -> Callable[[int], float]:
-    """Each timed run is one ``anyio.run``; the clock starts inside the loop."""
-
-    def run(n: int) -> float:
-        async def main() -> float:
-            t = time.perf_counter()
-            for _ in range(n):
-                await afn()
-            return time.perf_counter() - t
-
-        return anyio.run(main)
-
-    return run
-
-
 @dataclass
 class Buffers:
     """Every buffer of one payload; ``close()`` releases them."""
@@ -321,9 +296,9 @@ def build_op_rows(
             bufs.torchrl.append(rb)
             if sampler == "prioritized":
                 bufs.prioritized.append(rb)
-            run = direct_runner(functools.partial(rb.extend, data))
+            run = h.call_runner(functools.partial(rb.extend, data))
             add("extend", name, kind, sampler, "direct", data.numel(), run)
-            run = direct_runner(functools.partial(rb.sample, BATCH))
+            run = h.call_runner(functools.partial(rb.sample, BATCH))
             add("sample", name, kind, sampler, "direct", BATCH, run)
     for sampler in ("uniform", "prioritized"):
         uniform = sampler == "uniform"
@@ -342,17 +317,17 @@ def build_op_rows(
         ways = [
             # (op, call, kind, way, frames, runner)
             ("extend", "await extend()", "aio", "async", flat.numel(),
-             async_runner(part(arb.extend, flat))),
+             h.async_call_runner(part(arb.extend, flat))),
             ("extend", "blocking extend()", "aio", "blocking", flat.numel(),
-             direct_runner(part(brb.extend, flat))),
+             h.call_runner(part(brb.extend, flat))),
             ("extend", f"await extend() [{ENVS},T] batch", "aio_extra", "async", p.td.numel(),
-             async_runner(part(arb.extend, p.td))),
+             h.async_call_runner(part(arb.extend, p.td))),
             ("sample", "await sample()", "aio", "async", BATCH,
-             async_runner(part(arb.sample, BATCH))),
+             h.async_call_runner(part(arb.sample, BATCH))),
             ("sample", "blocking sample()", "aio", "blocking", BATCH,
-             direct_runner(part(brb.sample, BATCH))),
+             h.call_runner(part(brb.sample, BATCH))),
             ("sample", "sample_nowait()", "aio", "nowait", BATCH,
-             direct_runner(part(brb.sample_nowait, BATCH))),
+             h.call_runner(part(brb.sample_nowait, BATCH))),
         ]  # fmt: skip
         for op, call, kind, way, frames, run in ways:
             if kind == "aio_extra" and (quick or not uniform):
@@ -378,35 +353,23 @@ def randomize_priorities(bufs: Buffers, cap: int) -> None:
         rb.update_priority(torch.arange(cap), prio)
 
 
-def calibrate(row: OpRow, target_s: float, min_calls: int = 3) -> None:
-    """Warm the row up and size its timed runs to about ``target_s``."""
-    k, dt = 1, 0.0
-    while k < 100_000:
-        dt = row.runner(k)
-        if dt >= 0.03:
-            break
-        k *= 4
-    row.calls = max(min_calls, math.ceil(target_s * k / max(dt, 1e-9)))
-
-
 def run_op_rows(rows: list[OpRow], repeats: int, target_s: float) -> None:
     """Warm up and size every row, then time them round robin."""
     live = []
     for row in rows:
         try:
-            calibrate(row, target_s)
+            row.calls = h.calibrate_calls(row.runner, target_s)
             live.append(row)
         except Exception as exc:  # reported; the other rows go on
             row.error = f"{type(exc).__name__}: {exc}"
             log(f"  ERROR   {row.op:<6} {row.name}: {row.error}")
-    for rep in range(repeats):
-        for row in live:
-            dt = row.runner(row.calls)
-            row.runs.append(row.calls / dt)
-            log(
-                f"  run {rep + 1}/{repeats} {row.op:<6} {row.name:<50} {row.calls / dt:8.0f} "
-                f"calls/s {row.calls * row.frames / dt:10.0f} frames/s"
-            )
+    for rep, row in h.round_robin(live, repeats):
+        dt = row.runner(row.calls)
+        row.runs.append(row.calls / dt)
+        log(
+            f"  run {rep + 1}/{repeats} {row.op:<6} {row.name:<50} {row.calls / dt:8.0f} "
+            f"calls/s {row.calls * row.frames / dt:10.0f} frames/s"
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -660,34 +623,33 @@ def run_bg_rows(rows: list[BgRow], repeats: int, seconds: float, baseline: set[i
     Returns notes on long-lived helpers that appeared (not counted as leaks)."""
     notes: list[str] = []
     seen: set[str] = set()
-    for rep in range(repeats):
-        for row in rows:
-            try:
-                r: BgRun | None = row.runner(seconds)
-            except Exception as exc:  # reported; the other rows go on
-                row.errors.append(f"{type(exc).__name__}: {exc}")
-                log(f"  ERROR   {row.name}: {row.errors[-1]}")
-                r = None
-            left = h.wait_children_gone(3.0, baseline)
-            _, helpers = h.live_children(baseline)
-            if left:
-                log(f"  WARNING: {row.name}: still alive after shutdown: {left}")
-            for helper in sorted(set(helpers) - seen):
-                seen.add(helper)
-                notes.append(
-                    f"{helper} appeared during a run of {row.name}: a long-lived helper of multiprocessing or "
-                    "torch that serves for the process's lifetime, not counted as a leak"
-                )
-            if r is None:
-                continue
-            r.leaks = left
-            row.runs.append(r)
-            log(
-                f"  run {rep + 1}/{repeats} {row.name:<45} 1st write {r.first_s * 1e3:5.0f} ms "
-                f"(+{r.settle_s * 1e3:4.0f} ms settle)  collect {r.collect_fps:6.0f} fr/s  "
-                f"+ learner {r.learner_fps:6.0f} fr/s "
-                f"{r.learner_bps:5.0f} batches/s  close {r.close_s * 1e3:5.0f} ms"
+    for rep, row in h.round_robin(rows, repeats):
+        try:
+            r: BgRun | None = row.runner(seconds)
+        except Exception as exc:  # reported; the other rows go on
+            row.errors.append(f"{type(exc).__name__}: {exc}")
+            log(f"  ERROR   {row.name}: {row.errors[-1]}")
+            r = None
+        left = h.wait_children_gone(3.0, baseline)
+        _, helpers = h.live_children(baseline)
+        if left:
+            log(f"  WARNING: {row.name}: still alive after shutdown: {left}")
+        for helper in sorted(set(helpers) - seen):
+            seen.add(helper)
+            notes.append(
+                f"{helper} appeared during a run of {row.name}: a long-lived helper of multiprocessing or "
+                "torch that serves for the process's lifetime, not counted as a leak"
             )
+        if r is None:
+            continue
+        r.leaks = left
+        row.runs.append(r)
+        log(
+            f"  run {rep + 1}/{repeats} {row.name:<45} 1st write {r.first_s * 1e3:5.0f} ms "
+            f"(+{r.settle_s * 1e3:4.0f} ms settle)  collect {r.collect_fps:6.0f} fr/s  "
+            f"+ learner {r.learner_fps:6.0f} fr/s "
+            f"{r.learner_bps:5.0f} batches/s  close {r.close_s * 1e3:5.0f} ms"
+        )
     return notes
 
 
@@ -890,13 +852,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def ref_op(op_rows: list[OpRow], payload: str, op: str, sampler: str) -> OpRow | None:
     """TorchRL's plain buffer with the same sampler: the reference of a buffer row."""
-    key = (payload, op, sampler, "torchrl")
-    return next((r for r in op_rows if (r.payload, r.op, r.sampler, r.kind) == key), None)
+    return h.find(op_rows, payload=payload, op=op, sampler=sampler, kind="torchrl")
 
 
 def ref_bg(bg_rows: list[BgRow], role: str) -> BgRow | None:
     """TorchRL's collector of the same role: the reference of a background row."""
-    return next((r for r in bg_rows if (r.kind, r.role) == ("torchrl", role)), None)
+    return h.find(bg_rows, kind="torchrl", role=role)
 
 
 def op_result(r: OpRow, ref: OpRow | None, titles: dict[str, str]) -> dict[str, Any]:
@@ -911,7 +872,7 @@ def op_result(r: OpRow, ref: OpRow | None, titles: dict[str, str]) -> dict[str, 
         "calls_per_s": r.cps,
         "frames_per_s": r.fps,
         "us_per_call": 1e6 / r.cps if r.runs else math.nan,
-        "vs_torchrl": r.fps / ref.fps if ref is not None and ref.runs else math.nan,
+        "vs_torchrl": h.div(r.fps, ref.fps) if ref is not None and ref.runs else math.nan,
         "spread": r.spread,
         "runs_calls_per_s": r.runs,
         "error": r.error,
@@ -920,7 +881,7 @@ def op_result(r: OpRow, ref: OpRow | None, titles: dict[str, str]) -> dict[str, 
 
 def bg_result(r: BgRow, ref: BgRow | None) -> dict[str, Any]:
     def ratio(attr: str) -> float:
-        return r.med(attr) / ref.med(attr) if ref is not None else math.nan
+        return h.div(r.med(attr), ref and ref.med(attr))
 
     return {
         "row": r.name,
@@ -954,8 +915,7 @@ def targets(
         for sampler in ("uniform", "prioritized"):
             ref = ref_op(op_rows, p.key, "sample", sampler)
             for way in ("nowait", "async"):
-                key = (p.key, "sample", sampler, way, "aio")
-                row = next((r for r in op_rows if (r.payload, r.op, r.sampler, r.way, r.kind) == key), None)
+                row = h.find(op_rows, payload=p.key, op="sample", sampler=sampler, way=way, kind="aio")
                 if row is None:
                     continue
                 desc = f"{p.title}: {row.name} >= {need:g}x TorchRL {sampler} sample"
@@ -1041,15 +1001,11 @@ def markdown(
     md = h.markdown_table(OP_MARKDOWN, [t for t in op_table if not t["error"]])
     if bg_table:
         md += ["", *h.markdown_table(BG_MARKDOWN, bg_table)]
-    versions = run.versions_line("python", "torch", "tensordict", "gymnasium", "torchrl", "aiocollect")
-    md += [
-        "",
-        f"_{versions}; {os.cpu_count()} CPUs, torch.set_num_threads(1); sample batch {BATCH}; buffer rows: median "
-        f"of {repeats} runs of ~{target_s:g} s; background rows: median of {bg_repeats} run(s) with "
-        f"{bg_seconds:g} s windows._",
-    ]
-    log("\nMarkdown:\n")
-    log("\n".join(md))
+    run.markdown(
+        md,
+        f", torch.set_num_threads(1); sample batch {BATCH}; buffer rows: median of {repeats} runs of "
+        f"~{target_s:g} s; background rows: median of {bg_repeats} run(s) with {bg_seconds:g} s windows",
+    )
 
 
 if __name__ == "__main__":  # the guard matters: spawned workers re-import this module

@@ -275,14 +275,13 @@ def paired_async(w: Workload, pairs: int, uvloop: bool) -> tuple[list[float], li
             for _ in range(3):
                 next(bare)
                 await it.__anext__()
-            for i in range(pairs):
-                for side in (0, 1) if i % 2 == 0 else (1, 0):
-                    t = time.perf_counter()
-                    if side == 0:
-                        next(bare)
-                    else:
-                        await it.__anext__()
-                    out[side].append(time.perf_counter() - t)
+            for _, side in h.abba_order(pairs):
+                t = time.perf_counter()
+                if side == 0:
+                    next(bare)
+                else:
+                    await it.__anext__()
+                out[side].append(time.perf_counter() - t)
         bare.close()
         return out
 
@@ -303,7 +302,7 @@ def run_paired(workloads: list[Workload], pairs: int) -> dict[str, dict[str, flo
         for name, measure in PAIRED_KINDS:
             t_bare, t_aio = measure(w, pairs)
             key = w.title if name == "SyncDataCollector" else f"{w.title}, {name}"
-            out[key] = h.ratio_summary([b / a for b, a in zip(t_bare, t_aio, strict=True)])
+            out[key] = h.ratio_summary(h.pair_ratios(t_bare, t_aio))
             out[key].update(bare_us=h.median(t_bare) / FPB * 1e6, aio_us=h.median(t_aio) / FPB * 1e6, kind=name)
     cols = [
         Col("workload", "{workload}", left=True),
@@ -440,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     by_wl = {w.key: [r for r in rows if r.group == w.key] for w in workloads}
 
     def ref(wl_key: str, kind: str) -> Row | None:
-        return next((r for r in by_wl.get(wl_key, []) if r.kind == kind), None)
+        return h.find(by_wl.get(wl_key, []), kind=kind)
 
     resp: dict[str, dict[str, float]] = {}
     b8 = ref("cartpole8", "bare")
@@ -470,14 +469,14 @@ def results_table(workloads: list[Workload], by_wl: dict[str, list[Row]], ref: A
                     "row": r.name,
                     "kind": r.kind,
                     "fps": r.fps,
-                    "vs_bare": r.fps / bare.fps if bare else math.nan,
-                    "vs_torchrl": r.fps / trl.fps if trl and r.kind.startswith(("aio", "bare")) else math.nan,
+                    "vs_bare": h.div(r.fps, bare and bare.fps),
+                    "vs_torchrl": h.div(r.fps, trl.fps) if trl and r.kind.startswith(("aio", "bare")) else math.nan,
                     "first_ms": r.first_ms,
                     "cold_first_ms": r.cold_ms,
                     "spread": r.spread,
                     "ep_len": r.ep_len,
                     "cpu_fps": cpu_fps,
-                    "cpu_vs_bare": cpu_fps / bare.med("cpu_fps") if bare else math.nan,
+                    "cpu_vs_bare": h.div(cpu_fps, bare and bare.med("cpu_fps")),
                     "frames_per_run": r.total,
                     "runs_fps": [x.fps for x in r.runs],
                 }
@@ -541,27 +540,19 @@ def report(
         log("\nEvent-loop responsiveness: gap between wakeups of a task doing 'await anyio.sleep(0.001)' in a loop")
         for label, v in resp.items():
             extra = f", collecting at {v['fps']:.0f} frames/s" if math.isfinite(v["fps"]) else ""
-            log(
-                f"  {label:<22} p50 {v['p50_ms']:6.2f} ms  p99 {v['p99_ms']:6.2f} ms  "
-                f"max {v['max_ms']:7.2f} ms  ({v['ticks']} ticks{extra})"
-            )
+            log(h.gap_line(label, v, 22, inside=extra))
 
 
 def markdown(table: list[dict[str, Any]], resp: dict[str, dict[str, float]], st: Settings, run: h.Session) -> None:
     md = h.markdown_table(MARKDOWN_COLUMNS, table)
     if resp:
-        cols = [Col("event loop while the async Collector runs CartPole-v1 x8", "{label}", left=True)]
-        cols += [Col(f"{p} gap (ms)", f"{{{p}_ms:.2f}}") for p in ("p50", "p99", "max")]
+        cols = h.gap_columns("event loop while the async Collector runs CartPole-v1 x8")
         md += ["", *h.markdown_table(cols, [{"label": k, **v} for k, v in resp.items()])]
-    versions = run.versions_line("python", "torch", "tensordict", "gymnasium", "torchrl", "aiocollect")
-    md += [
-        "",
-        f"_{versions}; {os.cpu_count()} CPUs, torch.set_num_threads(1), frames_per_batch={FPB}; frames/s is the "
-        f"median of {st.repeats} timed runs after a warmup; first batch is the time from construction to the "
-        "first batch in hand._",
-    ]
-    log("\nMarkdown:\n")
-    log("\n".join(md))
+    run.markdown(
+        md,
+        f", torch.set_num_threads(1), frames_per_batch={FPB}; frames/s is the median of {st.repeats} timed runs "
+        "after a warmup; first batch is the time from construction to the first batch in hand",
+    )
 
 
 if __name__ == "__main__":  # the guard matters: subprocess envs re-import this module

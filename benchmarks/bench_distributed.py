@@ -41,7 +41,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -262,9 +261,7 @@ def child_main(
         out["trainer_cpu"] = (cpu1 - cpu0) / wall
         out["trainer_ms_per_batch"] = (cpu1 - cpu0) / n * 1e3
         out["nodes_cpu"] = (nodes_cpu1 - nodes_cpu0) / wall if nodes else None
-        out["batch_ms_p50"] = statistics.median(
-            (b - a) * 1e3 for a, b in zip(stamps[warm - 1 :], stamps[warm:], strict=False)
-        )
+        out["batch_ms_p50"] = h.median((b - a) * 1e3 for a, b in zip(stamps[warm - 1 :], stamps[warm:], strict=False))
     elif "error" not in out:
         out["error"] = f"the collector stopped after {len(stamps)} of {warm + n} batches"
     out["close_s"] = t_closed - t_break  # break -> shutdown returned
@@ -298,12 +295,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "errors": [r["error"] for r in runs if "error" in r],
         "fps": h.median(fps),
         "spread": h.spread(fps),
-        "first_s": h.median([r.get("first_s") for r in ok]),
-        "close_s": h.median([r.get("close_s") for r in ok]),
-        "gone_s": h.median([r.get("gone_s") for r in ok]),
-        "trainer_cpu": h.median([r.get("trainer_cpu") for r in ok]),
-        "trainer_ms_per_batch": h.median([r.get("trainer_ms_per_batch") for r in ok]),
-        "nodes_cpu": h.median([r.get("nodes_cpu") for r in ok]),
+        **h.medians(ok, ("first_s", "close_s", "gone_s", "trainer_cpu", "trainer_ms_per_batch", "nodes_cpu")),
         "batch_ms": h.median([r.get("batch_ms_p50") for r in ok]),
         "import_s": h.median([r.get("import_s") for r in ok]),
         "ep_len": frames / dones if dones else math.inf,
@@ -464,42 +456,52 @@ def main(argv: list[str] | None = None) -> int:
     used_ports: set[int] = set()
     ref_runs: list[float] = []
     td_ref_runs: list[float] = []
-    results: dict[tuple[str, str], list[dict[str, Any]]] = {(w, k): [] for w in workloads for k in plan[w]}
-    log("\nfresh processes, round robin (the import reference, then every configuration)")
-    for rep in range(max(repeats, 3)):
+
+    def reference(rep: int) -> None:
         ref_runs.append(h.time_command(REFERENCE_CMD, args.timeout))
         td_ref_runs.append(h.time_command(TD_REFERENCE_CMD, args.timeout))
         log(
             f'  round {rep + 1}: `python -c "{REFERENCE_CMD}"` {ref_runs[-1]:.2f} s '
             f"(with tensordict {td_ref_runs[-1]:.2f} s)"
         )
-        if rep >= repeats:
-            continue
-        for w in workloads:
-            spec = WORKLOADS[w]
-            for key in plan[w]:
-                lib, role, label = labels[key]
-                fpb = frames_per_batch(role, spec["node_fpb"])
-                batches = max(2, math.ceil(spec["frames"][1 if quick else 0] * args.frames_scale / fpb))
-                cfg = {
-                    "workload": w,
-                    "key": key,
-                    "lib": lib,
-                    "role": role,
-                    "fpb": fpb,
-                    "warm_batches": warm,
-                    "batches": batches,
-                    "total_frames": (warm + batches) * fpb,
-                    "heavy_work": args.heavy_work,
-                    "gone_timeout": args.gone_timeout,
-                    # TorchRL 0.14.1 uses tcp_port (init_process_group's rendezvous), tcp_port + 1
-                    # (its TCPStore) and tcp_port + 2 (the weight sync scheme's TCPStore).
-                    "tcp_port": h.free_port_block(used_ports, 3) if lib == "torchrl" else None,
-                }
-                r = h.run_child("bench_distributed", cfg, args.timeout, exit_grace=15.0)
-                r["tcp_port"] = cfg["tcp_port"]
-                results[(w, key)].append(r)
-                log_run(w, label, r, f" (tcp_port {cfg['tcp_port']})" if cfg["tcp_port"] else "")
+
+    def config(wk: tuple[str, str], _rep: int) -> dict[str, Any]:
+        (w, key), spec = wk, WORKLOADS[wk[0]]
+        lib, role, _ = labels[key]
+        fpb = frames_per_batch(role, spec["node_fpb"])
+        batches = max(2, math.ceil(spec["frames"][1 if quick else 0] * args.frames_scale / fpb))
+        return {
+            "workload": w,
+            "key": key,
+            "lib": lib,
+            "role": role,
+            "fpb": fpb,
+            "warm_batches": warm,
+            "batches": batches,
+            "total_frames": (warm + batches) * fpb,
+            "heavy_work": args.heavy_work,
+            "gone_timeout": args.gone_timeout,
+            # TorchRL 0.14.1 uses tcp_port (init_process_group's rendezvous), tcp_port + 1
+            # (its TCPStore) and tcp_port + 2 (the weight sync scheme's TCPStore).
+            "tcp_port": h.free_port_block(used_ports, 3) if lib == "torchrl" else None,
+        }
+
+    def logged(wk: tuple[str, str], _rep: int, cfg: dict[str, Any], r: dict[str, Any]) -> None:
+        r["tcp_port"] = cfg["tcp_port"]
+        log_run(wk[0], labels[wk[1]][2], r, f" (tcp_port {cfg['tcp_port']})" if cfg["tcp_port"] else "")
+
+    log("\nfresh processes, round robin (the import reference, then every configuration)")
+    keys = [(w, k) for w in workloads for k in plan[w]]
+    results = h.fresh_rounds(
+        "bench_distributed",
+        keys,
+        repeats,
+        config,
+        args.timeout,
+        rounds=max(repeats, 3),
+        before_round=reference,
+        on_result=logged,
+    )
 
     ref, td_ref = h.median(ref_runs), h.median(td_ref_runs)
     summ = {wk: summarize(runs) for wk, runs in results.items()}
@@ -520,11 +522,11 @@ def main(argv: list[str] | None = None) -> int:
                     "role": role,
                     "fpb": frames_per_batch(role, WORKLOADS[w]["node_fpb"]),
                     **s,
-                    "vs_bare": s["fps"] / bare["fps"] if bare else math.nan,
-                    "vs_torchrl": s["fps"] / trl["fps"] if trl else math.nan,
-                    "first_vs_torchrl": s["first_s"] / trl["first_s"] if trl else math.nan,
-                    "gone_vs_torchrl": s["gone_s"] / trl["gone_s"] if trl else math.nan,
-                    "first_vs_import": s["first_s"] / ref if ref else math.nan,
+                    "vs_bare": h.div(s["fps"], bare and bare["fps"]),
+                    "vs_torchrl": h.div(s["fps"], trl and trl["fps"]),
+                    "first_vs_torchrl": h.div(s["first_s"], trl and trl["first_s"]),
+                    "gone_vs_torchrl": h.div(s["gone_s"], trl and trl["gone_s"]),
+                    "first_vs_import": h.div(s["first_s"], ref),
                     "runs_detail": results[(w, key)],
                 }
             )
@@ -600,16 +602,12 @@ def markdown(
     for t in table:
         err = "; ".join(sorted(set(t["errors"])))[:160].replace("|", "/")
         rows.append(t if t["ok"] else [t["workload"], t["row"], str(t["fpb"]), f"failed: {err}"])
-    md = h.markdown_table(MARKDOWN_COLUMNS, rows)
-    versions = run.versions_line("python", "torch", "tensordict", "gymnasium", "torchrl", "aiocollect")
-    md += [
-        "",
-        f"_{versions}; {os.cpu_count()} CPUs; {NUM_NODES} nodes, launcher='mp', backend='gloo'; heavy step "
-        f"{burn_ms:.2f} ms; median of {repeats} fresh process(es) per row; import floor `python -c "
-        f'"{REFERENCE_CMD}"` = {ref:.2f} s (`{TD_REFERENCE_CMD}`: {td_ref:.2f} s)._',
-    ]
-    log("\nMarkdown:\n")
-    log("\n".join(md))
+    run.markdown(
+        h.markdown_table(MARKDOWN_COLUMNS, rows),
+        f"; {NUM_NODES} nodes, launcher='mp', backend='gloo'; heavy step {burn_ms:.2f} ms; median of {repeats} "
+        f'fresh process(es) per row; import floor `python -c "{REFERENCE_CMD}"` = {ref:.2f} s '
+        f"(`{TD_REFERENCE_CMD}`: {td_ref:.2f} s)",
+    )
 
 
 if __name__ == "__main__":  # the guard matters: node processes re-import this module

@@ -209,10 +209,10 @@ def main(argv: list[str] | None = None) -> int:
             log(f"  TorchRL InferenceServer x{clients}: {r['rps']:.0f} requests/s")
         rows.append(bare)
     for r in rows:
-        trl = next((t for t in rows if t.get("kind") == "torchrl" and t["clients"] == r["clients"]), None)
-        ref = next(b for b in rows if b["kind"] == "bare" and b["clients"] == r["clients"])
-        r["vs_bare"] = r["rps"] / ref["rps"]
-        r["vs_torchrl"] = r["rps"] / trl["rps"] if trl and r.get("kind") == "aio" else h.NAN
+        trl = h.find(rows, kind="torchrl", clients=r["clients"])
+        ref = h.find(rows, kind="bare", clients=r["clients"])
+        r["vs_bare"] = h.div(r["rps"], ref["rps"])
+        r["vs_torchrl"] = h.div(r["rps"], trl["rps"]) if trl and r.get("kind") == "aio" else h.NAN
     log("")
     for line in h.markdown_table(COLUMNS, rows):
         log(line)

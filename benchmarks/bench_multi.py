@@ -407,8 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     by_wl = {w.key: [r for r in rows if r.group == w.key] for w in workloads}
 
     def find(wl_key: str, kind: str, role: str | None = None) -> Row | None:
-        found = (r for r in by_wl.get(wl_key, []) if r.kind == kind and (role is None or r.role == role))
-        return next(found, None)
+        return h.find(by_wl.get(wl_key, []), kind=kind, role=role)
 
     table = results_table(workloads, by_wl, find)
     heart = {titles[r.group]: heartbeat_summary(r) for r in rows if r.kind == "aio_async"}
@@ -468,8 +467,8 @@ def results_table(workloads: list[Workload], by_wl: dict[str, list[Row]], find: 
                     "env_procs": r.procs,
                     "frames_per_batch": r.fpb,
                     "fps": r.fps,
-                    "vs_bare": r.fps / bare.fps if bare else math.nan,
-                    "vs_torchrl": r.fps / trl.fps if trl else math.nan,
+                    "vs_bare": h.div(r.fps, bare and bare.fps),
+                    "vs_torchrl": h.div(r.fps, trl and trl.fps),
                     "vs_torchrl_row": trl.name if trl else None,
                     "first_ms": r.first_ms,
                     "cold_first_ms": r.cold_ms,
@@ -548,10 +547,7 @@ def report(table: list[dict[str, Any]], heart: dict[str, Any], st: Settings, aft
                 )
             if "cpu" in v:
                 phases = f", the heartbeat alone uses {v['cpu'] * 100:.0f}% CPU"
-            log(
-                f"  {label:<29} p50 {v['p50_ms']:6.2f} ms  p99 {v['p99_ms']:6.2f} ms  "
-                f"max {v['max_ms']:7.2f} ms  ({v['ticks']} ticks){phases}"
-            )
+            log(h.gap_line(label, v, 29, after=phases))
 
 
 def markdown(
@@ -559,18 +555,13 @@ def markdown(
 ) -> None:
     md = h.markdown_table(MARKDOWN_COLUMNS, table)
     if heart:
-        cols = [Col("event loop of the async MultiSyncCollector", "{label}", left=True)]
-        cols += [Col(f"{p} gap (ms)", f"{{{p}_ms:.2f}}") for p in ("p50", "p99", "max")]
+        cols = h.gap_columns("event loop of the async MultiSyncCollector")
         md += ["", *h.markdown_table(cols, [{"label": k, **v} for k, v in heart.items()])]
-    versions = run.versions_line("python", "torch", "tensordict", "gymnasium", "torchrl", "aiocollect")
-    md += [
-        "",
-        f"_{versions}; {os.cpu_count()} CPUs, {NUM_WORKERS} workers, torch.set_num_threads(1); heavy step "
-        f"{burn_ms:.2f} ms; frames/s is the median of {st.repeats} timed runs {after}; first batch is the time "
-        "from construction to the first batch in hand._",
-    ]
-    log("\nMarkdown:\n")
-    log("\n".join(md))
+    run.markdown(
+        md,
+        f", {NUM_WORKERS} workers, torch.set_num_threads(1); heavy step {burn_ms:.2f} ms; frames/s is the median "
+        f"of {st.repeats} timed runs {after}; first batch is the time from construction to the first batch in hand",
+    )
 
 
 if __name__ == "__main__":  # the guard matters: spawned workers re-import this module

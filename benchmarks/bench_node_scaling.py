@@ -149,16 +149,15 @@ def main(argv: list[str] | None = None) -> int:
         sys.executable,
     )
     plan = [("distributed", n) for n in nodes] + [("inline", n) for n in inline]
-    runs: dict[tuple[str, int], list[dict[str, Any]]] = {p: [] for p in plan}
-    for rep in range(repeats):
-        for kind, n in plan:  # round robin: a drift of the machine's speed hits every row alike
-            cfg = {"kind": kind, "nodes": n, "warm": 2, "batches": 3 if args.quick else 6}
-            r = h.run_child("bench_node_scaling", cfg, timeout=300.0)
-            runs[(kind, n)].append(r)
-            if "error" in r:
-                log(f"  round {rep + 1} {kind} x{n}: FAILED {r['error']}")
-            else:
-                log(f"  round {rep + 1} {kind} x{n}: close {r['close_s'] * 1e3:.0f} ms")
+
+    def config(p: tuple[str, int], _rep: int) -> dict[str, Any]:
+        return {"kind": p[0], "nodes": p[1], "warm": 2, "batches": 3 if args.quick else 6}
+
+    def logged(p: tuple[str, int], rep: int, _cfg: dict[str, Any], r: dict[str, Any]) -> None:
+        what = f"FAILED {r['error']}" if "error" in r else f"close {r['close_s'] * 1e3:.0f} ms"
+        log(f"  round {rep + 1} {p[0]} x{p[1]}: {what}")
+
+    runs = h.fresh_rounds("bench_node_scaling", plan, repeats, config, 300.0, on_result=logged)
     rows: list[dict[str, Any]] = []
     for kind, n in plan:
         ok = [r for r in runs[(kind, n)] if "error" not in r]
@@ -171,8 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                 "nodes": n,
                 "close_s": h.median(r["close_s"] for r in ok),
                 "gone_s": h.median(r["gone_s"] for r in ok) if all(r["gone_s"] is not None for r in ok) else None,
-                "cpu_ms_per_node_batch": h.median(r["cpu_ms_per_node_batch"] for r in ok),
-                "steady_fps": h.median(r["steady_fps"] for r in ok),
+                **h.medians(ok, ("cpu_ms_per_node_batch", "steady_fps")),
                 "hb_steady_p99": h.median(r["hb_steady"]["p99_ms"] for r in ok),
                 "hb_close_p99": h.median(r["hb_close"]["p99_ms"] for r in ok),
                 "hb_close_max": max(r["hb_close"]["max_ms"] for r in ok),
@@ -180,13 +178,13 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
     for r in rows:
-        base = next((b for b in rows if b["kind"] == r["kind"] and b["nodes"] == 2), None)
-        r["close_vs_2"] = r["close_s"] / base["close_s"] if base else h.NAN
+        base = h.find(rows, kind=r["kind"], nodes=2)
+        r["close_vs_2"] = h.div(r["close_s"], base and base["close_s"])
     log("")
     for line in h.markdown_table(COLUMNS, rows):
         log(line)
     checks = h.Checks()
-    r16 = next((r for r in rows if r["kind"] == "distributed" and r["nodes"] == 16), None)
+    r16 = h.find(rows, kind="distributed", nodes=16)
     desc = f"16 nodes close within {TARGET_16_OVER_2}x of 2 nodes"
     if r16 is not None:
         x = r16["close_vs_2"]

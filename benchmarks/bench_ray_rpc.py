@@ -157,28 +157,33 @@ def main(argv: list[str] | None = None) -> int:
     run = h.Session("torch", "gymnasium", "ray", "torchrl", "aiocollect")
     run.header(f"bench_ray_rpc: {repeats} fresh process(es) per row, {bd.NUM_NODES} nodes", sys.executable)
     floor: list[float] = []
-    results: dict[tuple[str, str], list[dict[str, Any]]] = {(w, k): [] for w in workloads for k in keys}
     used_ports: set[int] = set()
-    for rep in range(repeats):
+
+    def reference(rep: int) -> None:
         floor.append(h.time_command(bd.REFERENCE_CMD, args.timeout))
         log(f"round {rep + 1}: import floor {floor[-1]:.2f} s")
-        for w in workloads:
-            spec = bd.WORKLOADS[w]
-            for key in keys:
-                _, lib, engine, sync, label = rows[key]
-                fpb = bd.frames_per_batch("sync" if sync else None, spec["node_fpb"])
-                batches = max(2, math.ceil(spec["frames"][1 if args.quick else 0] / fpb))
-                cfg = {
-                    "workload": w, "key": key, "lib": lib, "engine": engine, "sync": sync, "fpb": fpb,
-                    "role": None, "warm_batches": warm, "batches": batches, "total_frames": (warm + batches) * fpb,
-                    "heavy_work": bd.HEAVY_WORK, "gone_timeout": 30.0,
-                    "tcp_port": h.free_port_block(used_ports) if lib == "torchrl" and engine == "rpc" else None,
-                }  # fmt: skip
-                r = h.run_child("bench_ray_rpc", cfg, args.timeout, exit_grace=20.0)
-                results[(w, key)].append(r)
-                fps, first = r.get("fps", math.nan), r.get("first_s", math.nan)
-                what = r.get("error") or f"{fps:,.0f} frames/s, first {first:.2f} s"
-                log(f"  {w:<8} {label:<38} {what}")
+
+    def config(wk: tuple[str, str], _rep: int) -> dict[str, Any]:
+        (w, key), spec = wk, bd.WORKLOADS[wk[0]]
+        _, lib, engine, sync, _ = rows[key]
+        fpb = bd.frames_per_batch("sync" if sync else None, spec["node_fpb"])
+        batches = max(2, math.ceil(spec["frames"][1 if args.quick else 0] / fpb))
+        return {
+            "workload": w, "key": key, "lib": lib, "engine": engine, "sync": sync, "fpb": fpb,
+            "role": None, "warm_batches": warm, "batches": batches, "total_frames": (warm + batches) * fpb,
+            "heavy_work": bd.HEAVY_WORK, "gone_timeout": 30.0,
+            "tcp_port": h.free_port_block(used_ports) if lib == "torchrl" and engine == "rpc" else None,
+        }  # fmt: skip
+
+    def logged(wk: tuple[str, str], _rep: int, _cfg: dict[str, Any], r: dict[str, Any]) -> None:
+        fps, first = r.get("fps", math.nan), r.get("first_s", math.nan)
+        what = r.get("error") or f"{fps:,.0f} frames/s, first {first:.2f} s"
+        log(f"  {wk[0]:<8} {rows[wk[1]][4]:<38} {what}")
+
+    plan = [(w, k) for w in workloads for k in keys]
+    results = h.fresh_rounds(
+        "bench_ray_rpc", plan, repeats, config, args.timeout, exit_grace=20.0, before_round=reference, on_result=logged
+    )
     ref = h.median(floor)
     cols = [Col("workload", left=True), Col("collector", left=True)]
     cols += [Col(c) for c in ("fpb", "frames/s", "vs bare loop", "vs TorchRL", "first batch (s)", "/ import floor")]
@@ -192,11 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         title = bd.WORKLOADS[w]["title"]
         for key in keys:
             s, (_, lib, engine, sync, label) = sums[key], rows[key]
-            runs = [r for r in results[(w, key)] if "error" not in r]
-            s["engine_s"] = h.median(r.get("engine_s") for r in runs)
-            s["engine_close_s"] = h.median(r.get("engine_close_s") for r in runs)
+            s.update(h.medians([r for r in results[(w, key)] if "error" not in r], ("engine_s", "engine_close_s")))
             twin = f"trl-{engine}-{'sync' if sync else 'async'}"
-            vs_trl = s["fps"] / sums[twin]["fps"] if lib == "aiocollect" and twin in sums else math.nan
+            vs_trl = h.div(s["fps"], sums[twin]["fps"]) if lib == "aiocollect" and twin in sums else math.nan
             summary["rows"][f"{w}/{key}"] = {**s, "vs_torchrl": vs_trl}
             fpb_cell = str(bd.frames_per_batch("sync" if sync else None, bd.WORKLOADS[w]["node_fpb"]))
             if s["ok"] == 0:

@@ -363,7 +363,7 @@ def summarize(method: str, children: list[dict[str, Any]], ref: float) -> dict[s
         "child_import_s": h.median([c["import_s"] for c in ok]),
         "first_s": h.median(firsts),
         "first_runs_s": firsts,
-        "first_ratio": h.median(firsts) / ref if ref else math.nan,
+        "first_ratio": h.div(h.median(firsts), ref),
         # As a script that imports aiocollect, then looks the class up and builds it, sees it.
         "first_with_lookup_s": h.median([c["lookup_s"] + c["first"]["first_s"] for c in ok]),
         "lookup_s": h.median([c["lookup_s"] for c in ok]),
@@ -380,9 +380,7 @@ def summarize(method: str, children: list[dict[str, Any]], ref: float) -> dict[s
     }
     news = [t["new_worker"] for t in good if "new_worker" in t]
     if news:
-        s["restart_phases"] = {
-            k: h.median([n[k] for n in news]) for k in ("proc_started", "module_imported", "env_built", "first_step")
-        }
+        s["restart_phases"] = h.medians(news, ("proc_started", "module_imported", "env_built", "first_step"))
         s["restart_phases"]["next_batch"] = h.median([t["crash_to_batch_s"] for t in good])
     return s
 
@@ -482,28 +480,29 @@ def main(argv: list[str] | None = None) -> int:
     info_cmds = ["pass", "import aiocollect", "import tensordict", NO_TEARDOWN_CMD]
     ref_runs: list[float] = []
     info_runs: dict[str, list[float]] = {k: [] for k in info_cmds}
-    children: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
-    # Round robin: every round takes one sample of every measurement, so slow drift of the
-    # machine's speed affects them all alike.
-    log("\n[1/2] fresh processes, round robin (reference, imports, one child per start method)")
-    for i in range(rounds):
+
+    def reference(i: int) -> None:
         ref_runs.append(h.time_command(REFERENCE_CMD, args.timeout))
         for code in info_cmds:
             if not (quick and i > 0):  # informational: one sample is enough for a smoke run
                 info_runs[code].append(h.time_command(code, args.timeout))
         log(f"  round {i + 1}/{rounds}: `{REFERENCE_CMD}` {ref_runs[-1]:.2f} s")
-        for m in methods if i < n else ():
-            cfg = {
-                "start_method": m,
-                "num_workers": NUM_WORKERS,
-                "fpb": FPB,
-                "later": later if (i == 0 or not quick) else 0,
-                "restarts": 1 if i < restarts else 0,
-                "probe": False,
-            }
-            c = h.run_child("bench_startup", cfg, args.timeout)
-            children[m].append(c)
-            log_child(m, c)
+
+    def config(m: str, i: int) -> dict[str, Any]:
+        return {
+            "start_method": m,
+            "num_workers": NUM_WORKERS,
+            "fpb": FPB,
+            "later": later if (i == 0 or not quick) else 0,
+            "restarts": 1 if i < restarts else 0,
+            "probe": False,
+        }
+
+    log("\n[1/2] fresh processes, round robin (reference, imports, one child per start method)")
+    children = h.fresh_rounds(
+        "bench_startup", methods, n, config, args.timeout, rounds=rounds, before_round=reference,
+        on_result=lambda m, _i, _cfg, c: log_child(m, c),
+    )  # fmt: skip
     probes: dict[str, dict[str, Any]] = {}
     if probe:
         log("\n[2/2] probe: one more fresh process per start method, timestamped envs")
@@ -615,7 +614,7 @@ def targets(checks: h.Checks, methods: list[str], summ: dict[str, Any], probes: 
             s["first_ratio"] <= lim if math.isfinite(s["first_ratio"]) else False,
             f"{h.fmt_x(s['first_ratio'])} ({h.fmt_s(s['first_s'])} s vs {h.fmt_s(ref)} s)",
         )
-        with_lookup = s["first_with_lookup_s"] / ref if ref else math.nan
+        with_lookup = h.div(s["first_with_lookup_s"], ref)
         checks.add(
             f"{m}: first collector, counting the class lookup, <= {lim:g}x `{REFERENCE_CMD}`",
             with_lookup <= lim if math.isfinite(with_lookup) else False,
@@ -657,7 +656,7 @@ def result_rows(methods: list[str], summ: dict[str, Any], ref: float, n: int, ro
         ("the same, counting the class lookup `from aiocollect import MultiSyncDataCollector` (s)",
          lambda s: h.fmt_s(s["first_with_lookup_s"]), ""),
         ("... of which the class lookup (s)", lambda s: h.fmt_s(s["lookup_s"]), ""),
-        ("... / the reference", lambda s: h.fmt_x(s["first_with_lookup_s"] / ref if ref else math.nan),
+        ("... / the reference", lambda s: h.fmt_x(h.div(s["first_with_lookup_s"], ref)),
          f"<= {TARGETS['first_ratio']:g}x"),
         ("later collectors of the same process: median (s)", lambda s: h.fmt_s(s["later_median_s"]), ""),
         (f"later collectors: max (s, of {n_later})", lambda s: h.fmt_s(s["later_max_s"]),

@@ -23,7 +23,6 @@ See benchmarks/README.md for what each row means.
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 import time
 import warnings
@@ -112,9 +111,9 @@ def paired(a: str, b: str, fpb: int, rounds: int, batches: int) -> dict[str, Any
     finally:
         for c in (ca, cb):
             c.shutdown()
-    ratios = [y / x for x, y in zip(fa, fb, strict=True)]
-    return {"a": a, "b": b, "fps": {a: statistics.median(fa), b: statistics.median(fb)}, "runs": {a: fa, b: fb},
-            "ratio": statistics.median(ratios), "ratios": ratios}  # fmt: skip
+    ratios = h.pair_ratios(fb, fa)
+    return {"a": a, "b": b, "fps": {a: h.median(fa), b: h.median(fb)}, "runs": {a: fa, b: fb},
+            "ratio": h.median(ratios), "ratios": ratios}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

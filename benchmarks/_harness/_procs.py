@@ -11,14 +11,15 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, TypeVar
 
 from ._report import NAN, log
 
 BENCHMARKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULT_TAG = "BENCH_RESULT "  # prefixes a child process's JSON result line on stdout
 # Long-lived helpers of multiprocessing and torch: direct children, never a collector's worker.
+K = TypeVar("K", bound=Hashable)
 HELPERS = ("resource_tracker", "forkserver", "torch_shm_manager", "semaphore_tracker")
 
 # --------------------------------------------------------------------------------------------
@@ -211,6 +212,52 @@ def run_child(module: str, cfg: dict[str, Any], timeout: float, exit_grace: floa
         f"sys.path.insert(0, {BENCHMARKS!r}); import {module}; {module}._child_entry(sys.argv[1], _t)"
     )
     return run_process([sys.executable, "-c", code, json.dumps(cfg)], timeout, exit_grace)
+
+
+def fresh_rounds(
+    module: str,
+    plan: Sequence[K],
+    repeats: int,
+    cfg: Callable[[K, int], dict[str, Any]],
+    timeout: float,
+    *,
+    exit_grace: float = 15.0,
+    rounds: int | None = None,
+    before_round: Callable[[int], None] | None = None,
+    on_result: Callable[[K, int, dict[str, Any], dict[str, Any]], None] | None = None,
+) -> dict[K, list[dict[str, Any]]]:
+    """Run every row of ``plan`` in a fresh process (`run_child`), ``repeats`` times, round robin.
+
+    Rows run round robin, one process of each per round, so that a drift of the machine's speed
+    hits every row alike; ``before_round`` takes the round's reference samples (the import
+    floor) first, for the same reason. ``rounds`` may exceed ``repeats`` to sample the
+    reference more often than the rows: the later rounds run ``before_round`` only.
+
+    Args:
+        module: the script's module name; its ``_child_entry`` runs in the child.
+        plan: the rows' keys, in the order they run in each round.
+        repeats: fresh processes per row.
+        cfg: ``(key, round) -> config`` (JSON-able) for one child.
+        timeout: seconds a child may take to print its result before it is killed.
+        exit_grace: seconds it may take to exit after its result.
+        rounds: rounds in all (default ``repeats``).
+        before_round: called with the round (from 0) at its start.
+        on_result: ``(key, round, config, result)``, after each child (its log line).
+
+    Returns:
+        ``{key: [result of each round]}`` (`run_process`'s records).
+    """
+    results: dict[K, list[dict[str, Any]]] = {k: [] for k in plan}
+    for rep in range(max(repeats, rounds or 0)):
+        if before_round is not None:
+            before_round(rep)
+        for key in plan if rep < repeats else ():
+            c = cfg(key, rep)
+            r = run_child(module, c, timeout, exit_grace)
+            results[key].append(r)
+            if on_result is not None:
+                on_result(key, rep, c, r)
+    return results
 
 
 def child_entry(main: Callable[[dict[str, Any], float], dict[str, Any]], cfg_json: str, t_start: float) -> None:

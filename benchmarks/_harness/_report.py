@@ -52,6 +52,77 @@ def percentile(values: Iterable[float], q: float) -> float:
     return v[lo] + (v[hi] - v[lo]) * (pos - lo)
 
 
+def medians(records: Iterable[dict[str, Any]], keys: Iterable[str]) -> dict[str, float]:
+    """The median of each key over result records, as `median` takes it (missing, None, nan skipped).
+
+    Args:
+        records: result records, e.g. one per fresh process of a row.
+        keys: the keys to summarize.
+
+    Returns:
+        ``{key: median}`` in the order of ``keys``; nan where no record has a finite value.
+    """
+    recs = list(records)
+    return {k: median(r.get(k) for r in recs) for k in keys}
+
+
+def div(num: Any, den: Any) -> float:
+    """``num / den`` for a ratio against a reference row, nan where there is no ratio.
+
+    A reference row that was not run (None), failed (nan) or measured nothing (0) gives nan,
+    which the tables print as ``n/a`` (or ``-``): a missing reference must not fail a report.
+
+    Args:
+        num: the row's value.
+        den: the reference's value.
+
+    Returns:
+        The ratio, or nan.
+    """
+    if not isinstance(num, (int, float)) or not isinstance(den, (int, float)) or not den:
+        return NAN
+    return num / den
+
+
+def pair_ratios(num: Sequence[float], den: Sequence[float]) -> list[float]:
+    """Per-pair ratios ``num[i] / den[i]`` of two sides timed in the same rounds (see `abba`).
+
+    The median of these is robust to a drift of the machine's speed, which hits both sides of a
+    round alike; a ratio of the two sides' medians is not.
+
+    Args:
+        num: one side's measurements, one per round.
+        den: the other side's, as many.
+
+    Returns:
+        One ratio per round.
+
+    Raises:
+        ValueError: if the sides have different lengths.
+    """
+    return [a / b for a, b in zip(num, den, strict=True)]
+
+
+def find(rows: Iterable[Any], **match: Any) -> Any:
+    """The first row whose attributes (or keys, for a dict) equal ``match``, or None.
+
+    This is how a script names the reference row of a ratio (``h.find(rows, group=w,
+    kind="bare")``); a key whose value is None in ``match`` matches anything.
+
+    Args:
+        rows: `Row` objects, dataclasses or dicts.
+        **match: attribute or key values the row must have.
+
+    Returns:
+        The row, or None if none matches.
+    """
+
+    def get(r: Any, k: str) -> Any:
+        return r.get(k) if isinstance(r, dict) else getattr(r, k, None)
+
+    return next((r for r in rows if all(v is None or get(r, k) == v for k, v in match.items())), None)
+
+
 def gap_summary(gaps_s: Sequence[float]) -> dict[str, float]:
     """p50, p99 and max (milliseconds) and the count of heartbeat gaps given in seconds."""
     ms = [g * 1e3 for g in gaps_s]
@@ -61,6 +132,25 @@ def gap_summary(gaps_s: Sequence[float]) -> dict[str, float]:
         "max_ms": max(ms, default=NAN),
         "ticks": len(ms),
     }
+
+
+def gap_line(label: str, v: dict[str, Any], width: int, inside: str = "", after: str = "") -> str:
+    """One console line of a `gap_summary`: p50, p99, max and the tick count.
+
+    Args:
+        label: what the heartbeat shared its loop with, padded to ``width``.
+        v: the summary (``p50_ms``, ``p99_ms``, ``max_ms``, ``ticks``).
+        width: the label column's width.
+        inside: added inside the parentheses, after the tick count.
+        after: added at the end of the line.
+
+    Returns:
+        The line, indented by two spaces.
+    """
+    return (
+        f"  {label:<{width}} p50 {v['p50_ms']:6.2f} ms  p99 {v['p99_ms']:6.2f} ms  "
+        f"max {v['max_ms']:7.2f} ms  ({v['ticks']} ticks{inside}){after}"
+    )
 
 
 def ratio_summary(ratios: Sequence[float]) -> dict[str, float]:
@@ -112,6 +202,18 @@ class Col:
     cell: Cell = ""
     width: int = 0
     left: bool = False
+
+
+def gap_columns(title: str) -> list[Col]:
+    """The Markdown columns of heartbeat `gap_summary` records labelled ``label``: p50, p99, max.
+
+    Args:
+        title: the first column's heading (what the loop was doing).
+
+    Returns:
+        The columns.
+    """
+    return [Col(title, "{label}", left=True), *(Col(f"{p} gap (ms)", f"{{{p}_ms:.2f}}") for p in ("p50", "p99", "max"))]
 
 
 def ratio(key: str, missing: str = "n/a") -> Callable[[Any], str]:
@@ -258,6 +360,22 @@ class Session:
     def versions_line(self, *keys: str) -> str:
         """``Python 3.11.7, torch 2.13.0, ...``: the start of a Markdown table's footnote."""
         return ", ".join(f"{'Python' if k == 'python' else k} {self.versions[k]}" for k in keys)
+
+    def markdown(self, lines: list[str], note: str) -> None:
+        """Print a Markdown block: ``lines`` (the tables), then an italic footnote.
+
+        The footnote starts with the versions that matter for every table (Python, torch,
+        tensordict, gymnasium, TorchRL, aiocollect) and the CPU count, so that a table pasted
+        into the docs says where it was measured.
+
+        Args:
+            lines: the tables' lines.
+            note: the rest of the footnote, from its separator on (``"; 2 nodes"``), without
+                the final period.
+        """
+        versions = self.versions_line("python", "torch", "tensordict", "gymnasium", "torchrl", "aiocollect")
+        log("\nMarkdown:\n")
+        log("\n".join([*lines, "", f"_{versions}; {os.cpu_count()} CPUs{note}._"]))
 
     def footer(self, adds: str = "") -> None:
         """Total time and the load average at start and end (``adds``: what this run adds to it)."""

@@ -6,11 +6,13 @@ import gc
 import itertools
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ._report import NAN, log, median, spread
+
+T = TypeVar("T")
 
 
 def batch_frames(batch: Any) -> int:
@@ -167,23 +169,132 @@ def run_rows(
         n = max(st.min_batches, min(st.max_batches, round(st.target_s * fps / row.fpb) + 1))
         row.total = n * row.fpb
         log(f"  warmup  {row.group:<10} {row.name:<{w}} cold first batch {row.cold_ms:6.0f} ms, {n} batches/run")
-    for rep in range(st.repeats):
+    for rep, row in round_robin(rows, st.repeats):
+        r = once(row, row.total)
+        row.runs.append(r)
+        row.cold = row.cold or r
+        head = f"  run {rep + 1}/{st.repeats} {row.group:<10} {row.name:<{w}}"
+        log(f"{head} {r.fps:8.0f} frames/s  first {r.first_s * 1e3:5.0f} ms{detail(r) if detail else ''}")
+
+
+def round_robin(rows: Sequence[T], repeats: int) -> Iterator[tuple[int, T]]:
+    """``(repeat, row)``: every row once per repeat, in the rows' order, repeat after repeat.
+
+    Timing the rows round robin (instead of all runs of one row, then the next) makes a slow
+    drift of a shared machine's speed affect every row alike.
+
+    Args:
+        rows: what to run.
+        repeats: how many times each row runs.
+
+    Yields:
+        The repeat (from 0) and the row.
+    """
+    for rep in range(repeats):
         for row in rows:
-            r = once(row, row.total)
-            row.runs.append(r)
-            row.cold = row.cold or r
-            head = f"  run {rep + 1}/{st.repeats} {row.group:<10} {row.name:<{w}}"
-            log(f"{head} {r.fps:8.0f} frames/s  first {r.first_s * 1e3:5.0f} ms{detail(r) if detail else ''}")
+            yield rep, row
+
+
+def abba_order(rounds: int) -> Iterator[tuple[int, int]]:
+    """``(round, side)`` of two sides alternating: (0, 1) in even rounds, (1, 0) in odd ones.
+
+    Each side runs first as often as second, so neither gains from what the other leaves warm
+    (caches, the allocator) and a drift of the machine's speed hits both alike.
+
+    Args:
+        rounds: how many pairs.
+
+    Yields:
+        The round (from 0) and the side (0 or 1) to run next.
+    """
+    for i in range(rounds):
+        for side in (0, 1) if i % 2 == 0 else (1, 0):
+            yield i, side
 
 
 def abba(a: Callable[[], float], b: Callable[[], float], rounds: int) -> tuple[list[float], list[float]]:
-    """Call ``a`` and ``b`` once per round, in the order (a, b) in even rounds and (b, a) in odd
-    ones, so that a drift of the machine's speed hits both alike; their results, per side."""
+    """Call ``a`` and ``b`` once per round in `abba_order`.
+
+    Args:
+        a: one side (returns a measurement).
+        b: the other side.
+        rounds: how many pairs.
+
+    Returns:
+        The measurements of each side, in round order.
+    """
     out: tuple[list[float], list[float]] = ([], [])
-    for i in range(rounds):
-        for side in (0, 1) if i % 2 == 0 else (1, 0):
-            out[side].append((a, b)[side]())
+    for _, side in abba_order(rounds):
+        out[side].append((a, b)[side]())
     return out
+
+
+def call_runner(fn: Callable[[], Any]) -> Callable[[int], float]:
+    """A runner that calls ``fn`` ``n`` times and returns the seconds that took.
+
+    Args:
+        fn: one operation (a buffer's ``extend``, say), its arguments bound.
+
+    Returns:
+        ``n -> seconds``.
+    """
+
+    def run(n: int) -> float:
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return time.perf_counter() - t
+
+    return run
+
+
+def async_call_runner(afn: Callable[[], Awaitable[Any]]) -> Callable[[int], float]:
+    """`call_runner` for a coroutine function: each run is one ``anyio.run``.
+
+    The clock starts inside the event loop, so creating the loop is not counted.
+
+    Args:
+        afn: one operation returning an awaitable, its arguments bound.
+
+    Returns:
+        ``n -> seconds`` of the ``n`` awaits.
+    """
+
+    def run(n: int) -> float:
+        import anyio
+
+        async def main() -> float:
+            t = time.perf_counter()
+            for _ in range(n):
+                await afn()
+            return time.perf_counter() - t
+
+        return float(anyio.run(main))
+
+    return run
+
+
+def calibrate_calls(runner: Callable[[int], float], target_s: float, min_calls: int = 3) -> int:
+    """Warm a call runner up and return how many calls make a run last about ``target_s``.
+
+    The call count grows 4x at a time until a run takes 30 ms, long enough for the clock's
+    resolution not to matter; those runs are the warmup.
+
+    Args:
+        runner: ``n -> seconds`` (see `call_runner`).
+        target_s: the wanted length of one timed run.
+        min_calls: the fewest calls per run.
+
+    Returns:
+        Calls per timed run.
+    """
+    k, dt = 1, 0.0
+    while k < 100_000:
+        dt = runner(k)
+        if dt >= 0.03:
+            break
+        k *= 4
+    return max(min_calls, math.ceil(target_s * k / max(dt, 1e-9)))
 
 
 def timed(fn: Callable[[], Any]) -> float:
