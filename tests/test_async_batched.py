@@ -300,6 +300,8 @@ def test_the_blocking_twin_collects() -> None:
         ({"start_method": "spawn"}, ValueError, "start_method applies to env_backend='multiprocessing'"),
         ({"create_env_kwargs": [{}]}, ValueError, r"one per env \(2\)"),
         ({"frames_per_batch": 0}, ValueError, "frames_per_batch"),
+        ({"yield_completed_trajectories": True, "set_truncated": True}, ValueError, "drop one of them"),
+        ({"policy_timeout": 1.0}, ValueError, "policy_timeout applies to coroutine policies"),
     ],
 )
 def test_bad_arguments_fail_before_anything_is_built(kwargs: dict[str, Any], error: type, match: str) -> None:
@@ -417,3 +419,35 @@ async def test_a_coroutine_policy_version_moves_on_update_without_weights() -> N
                     await c.update_policy_weights_()
                     assert c.policy_version == 1
     assert versions[0] == {0} and versions[-1] == {1}
+
+
+@pytest.mark.parametrize("env_backend", ["threading", "coroutine"])
+async def test_yield_completed_trajectories_yields_whole_episodes(env_backend: str) -> None:
+    with anyio.fail_after(60):
+        async with AsyncBatchedCollector(count_envs(4, env_backend), frames_per_batch=30, total_frames=300,
+                                         yield_completed_trajectories=True, env_backend=env_backend) as c:  # fmt: skip
+            batches = [b async for b in c]
+    assert batches
+    for b in batches:
+        assert b.shape[0] >= 30
+        check_frames(b)
+        traj = b["collector", "traj_ids"]
+        starts = torch.ones_like(traj, dtype=torch.bool)
+        starts[1:] = traj[1:] != traj[:-1]
+        assert torch.equal(b["observation"][:, 1] == 0, starts), "every episode whole, from its first step"
+        ends = torch.ones_like(starts)
+        ends[:-1] = starts[1:]
+        assert torch.equal(b["next", "done"].squeeze(-1), ends), "... to its end"
+        assert len(set(traj.tolist())) == int(starts.sum()), "each episode once"
+
+
+async def test_yield_completed_trajectories_writes_episodes_to_a_buffer() -> None:
+    rb = ReplayBuffer(1000)
+    with anyio.fail_after(60):
+        async with AsyncBatchedCollector(count_envs(3, "threading"), frames_per_batch=30, total_frames=120,
+                                         yield_completed_trajectories=True, replay_buffer=rb) as c:  # fmt: skip
+            async for _ in c:
+                pass
+    stored = rb.sample_nowait(len(rb)) if len(rb) else None
+    assert stored is not None and 0 < len(rb) <= 120
+    assert int(stored["next", "done"].sum()) > 0

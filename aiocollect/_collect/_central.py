@@ -12,6 +12,7 @@ from .._core._validate import check_int, check_seconds
 from .._rollout._coro import CoroutinePolicy, is_coroutine_policy
 from .._serve._build import ENV_BACKENDS, CentralEnvs
 from ._collector import Collector
+from ._flat_trajs import as_completed
 
 __all__ = ["AsyncBatchedCollector"]
 
@@ -68,6 +69,10 @@ class AsyncBatchedCollector(Collector):
         exploration_type: The interaction type the policy runs under.
         replay_buffer: A `ReplayBuffer` to write batches into; iteration then yields ``None``.
         post_collect_hook: Called with each batch as it is yielded or written.
+        yield_completed_trajectories: Yield finished episodes instead of fixed-size batches:
+            every episode finished so far, concatenated flat (each one contiguous), once they
+            hold at least ``frames_per_batch`` frames; with a replay buffer, each finished
+            episode is one write. Unfinished episodes carry over.
         weight_sync: TorchRL's weight sync scheme for the policy (see `update_policy_weights_`).
         create_env_kwargs: Keyword arguments for every factory, or one dict per factory.
         policy_version_key: A top-level key that repeats each frame's policy version
@@ -116,6 +121,7 @@ class AsyncBatchedCollector(Collector):
         exploration_type: InteractionType | str = InteractionType.RANDOM,
         replay_buffer: Any = None,
         post_collect_hook: Callable[[TensorDictBase], Any] | None = None,
+        yield_completed_trajectories: bool = False,
         weight_sync: Any = None,
         create_env_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
         policy_version_key: Any = "policy_version",
@@ -155,6 +161,13 @@ class AsyncBatchedCollector(Collector):
                 raise ValueError(f"start_method must be 'forkserver' or 'spawn', got {start_method!r}")
         if policy_timeout is not None:
             check_seconds("policy_timeout", policy_timeout)
+        if not isinstance(yield_completed_trajectories, bool):
+            raise TypeError(f"yield_completed_trajectories must be True or False, got {yield_completed_trajectories!r}")
+        if yield_completed_trajectories and set_truncated:
+            raise ValueError(
+                "yield_completed_trajectories yields episodes that ended; set_truncated=True would end one at every "
+                "batch: drop one of them"
+            )
         self._coro: CoroutinePolicy | None = None
         if is_coroutine_policy(policy):
             self._coro = CoroutinePolicy(policy, max_concurrency, policy_timeout)
@@ -178,6 +191,8 @@ class AsyncBatchedCollector(Collector):
             replay_buffer=replay_buffer, policy_factory=policy_factory, post_collect_hook=post_collect_hook,
             weight_sync_schemes=None if weight_sync is None else {"policy": weight_sync},
         )  # fmt: skip
+        if yield_completed_trajectories:
+            as_completed(self, self._cfg.frames_per_batch)
 
     def _build(self) -> None:
         super()._build()
