@@ -353,6 +353,7 @@ class CoroutineParity:
             await anyio.lowlevel.checkpoint()
             self.calls += 1
             env = int(td["observation"][0])
+            assert int(td["collector", "env_id"]) == env, "the request says which env asks"
             if self.hang:
                 await anyio.sleep_forever()
             if env == self.fail_env and self.calls > 3:

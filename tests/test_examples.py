@@ -68,6 +68,7 @@ TINY_ARGS: dict[str, list[str]] = {
     "ray_train.py": ["--total-frames", "1024", "--num-envs", "2", "--frames-per-batch", "256", "--update-epochs", "1"],
     "torchrl_ppo.py": ["--total-frames", "400", "--frames-per-batch", "200", "--num-epochs", "1"],
     "tool_use_async.py": ["--total-frames", "1024", "--num-envs", "64", "--frames-per-batch", "512"],
+    "agent_central.py": ["--total-frames", "512", "--num-envs", "16", "--frames-per-batch", "256"],
 }
 
 #: For each example, a frame budget smaller than the warm-up it needs before it can train (DQN's
@@ -81,6 +82,7 @@ BELOW_WARM_UP: dict[str, list[str]] = {
     "distributed_train.py": ["--total-frames", "512"],
     "ray_train.py": ["--total-frames", "512"],
     "tool_use_async.py": ["--total-frames", "1024"],  # frames_per_batch: 4,096
+    "agent_central.py": ["--total-frames", "1024"],  # frames_per_batch: 2,048
     "torchrl_ppo.py": ["--total-frames", "500"],  # frames_per_batch: 1,000
 }
 

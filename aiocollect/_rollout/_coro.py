@@ -2,7 +2,8 @@
 
 A policy may live outside the process: a model server, an LLM endpoint. Then it is a
 coroutine function, ``async def policy(td) -> td_or_action``, called with one env's
-observation (an unbatched ``TensorDict``) and returning the action: a ``TensorDict`` (or
+observation (an unbatched ``TensorDict`` that also holds the env's index under
+``("collector", "env_id")``, for clients that keep a session per env) and returning the action: a ``TensorDict`` (or
 mapping) holding the action keys, or the action tensor itself when the env has one action
 key. Each ready env gets its own call, as its own task: at most ``max_concurrency`` in flight,
 each within ``timeout`` seconds. An env's step starts as soon as its own answer arrives, on
@@ -93,7 +94,9 @@ async def _act_one(rollout: Any, i: int) -> None:
     started = False
     try:
         obs = {k: v[i].clone() for k, v in rollout.cur.items()}
-        answer = await policy.call(TensorDict(obs, batch_size=[]), i)
+        request = TensorDict(obs, batch_size=[])
+        request["collector", "env_id"] = torch.tensor(i)  # a client may keep a session per env
+        answer = await policy.call(request, i)
         action = _action_of(answer, rollout, i)
         for k, v in obs.items():
             rollout.pend[k][i] = v
