@@ -10,7 +10,12 @@ Workloads (the benchmarks' 64-64 MLP unless said):
   and ``"multiprocessing"`` (optional dependency).
 * ``heavy``: a policy whose forward pass at batch 1 costs about 1 ms (a 4-2048-2048-2 MLP),
   2 env workers x 32 CartPoles. Rows: `AsyncBatchedCollector` (two env-only processes, the
-  policy once, in this process) and `MultiSyncCollector` (two workers, each with its own copy).
+  policy once, in this process; also with ``min_batch_size=64``, one forward pass for both
+  workers) and `MultiSyncCollector` (two workers, each with its own copy).
+* ``coroutine``: 256 CartPoles (one env thread) whose policy is a coroutine function, a client
+  of a loopback model server (another process, one TCP connection per env) that answers each
+  request 20 ms after it arrives. The server's capacity is 256 requests per 20 ms, 12,800
+  frames/s: the row reports its share of it.
 
 Each row runs in a fresh interpreter (``--row`` re-runs this script), collects a warm-up batch,
 then times ``--batches`` batches; frames/s is the median of ``--repeats`` runs. Ratios are to
@@ -80,6 +85,8 @@ def run_row(row: str, workload: str, fpb: int, batches: int) -> float:
     if row == "bare loop":
         vec = functools.partial(wl.make_vec, "CartPole-v1", N_ENVS)
         return _time_iter(wl.bare_loop(vec, policy, fpb, total), batches, lambda b: b["observation"][..., 0].numel())
+    if workload == "coroutine":
+        return run_coroutine_row(fpb, batches)
     if row.startswith("aiocollect"):
         from aiocollect.blocking import AsyncBatchedCollector, Collector, MultiSyncCollector
 
@@ -92,7 +99,7 @@ def run_row(row: str, workload: str, fpb: int, batches: int) -> float:
         else:
             backend = "threading" if "thread" in row else "multiprocessing"
             c = AsyncBatchedCollector([make] * N_ENVS, policy=policy, frames_per_batch=fpb, total_frames=total,
-                                      env_backend=backend)  # fmt: skip
+                                      env_backend=backend, min_batch_size=64 if "min_batch" in row else None)  # fmt: skip
         with c:
             return _time_iter(iter(c), batches, _numel)
     from tensordict.nn import TensorDictModule
@@ -121,9 +128,85 @@ ROWS = {
     ],
     "heavy": [
         "aiocollect AsyncBatchedCollector (2 env processes)",
+        "aiocollect AsyncBatchedCollector (2 env processes, min_batch_size=64)",
         "aiocollect MultiSyncCollector (2 workers)",
     ],
+    "coroutine": [
+        "aiocollect AsyncBatchedCollector (coroutine policy, 256 envs)",
+    ],
 }
+SERVER_DELAY = 0.020
+CORO_ENVS = 256
+
+
+def serve_model(port_file: str) -> None:
+    """The loopback model server (its own process): each request line is answered 20 ms after it arrives."""
+    import asyncio
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        loop = asyncio.get_running_loop()
+        while line := await reader.readline():
+            action = b"1\n" if float(line.split()[2]) > 0 else b"0\n"  # push the pole the way it leans
+            loop.call_later(SERVER_DELAY, writer.write, action)
+
+    async def main() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0, backlog=1024)
+        with open(port_file, "w") as f:
+            f.write(str(server.sockets[0].getsockname()[1]))
+        await server.serve_forever()
+
+    asyncio.run(main())
+
+
+class ModelClient:
+    """The coroutine policy: one connection per env to the model server."""
+
+    def __init__(self, port: int) -> None:
+        self.port, self.conns = port, {}
+
+    async def __call__(self, td: Any) -> torch.Tensor:
+        import asyncio  # the row runs on asyncio; its streams are the leanest client there is
+
+        env = int(td["collector", "env_id"])
+        conn = self.conns.get(env)
+        if conn is None:
+            conn = self.conns[env] = await asyncio.open_connection("127.0.0.1", self.port)
+        obs = td["observation"].tolist()
+        conn[1].write((" ".join(f"{x:.4f}" for x in obs) + "\n").encode())
+        return torch.tensor(int(await conn[0].readline()))
+
+
+def run_coroutine_row(fpb: int, batches: int) -> float:
+    import tempfile
+
+    import anyio
+
+    from aiocollect import AsyncBatchedCollector
+
+    port_file = tempfile.mktemp()
+    server = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve", port_file])
+    try:
+        while not (os.path.exists(port_file) and open(port_file).read()):
+            time.sleep(0.01)
+        client = ModelClient(int(open(port_file).read()))
+        make = functools.partial(wl.make_env, "CartPole-v1")
+
+        async def main() -> float:
+            async with AsyncBatchedCollector([make] * CORO_ENVS, policy=client, frames_per_batch=fpb,
+                                             total_frames=fpb * (batches + 1)) as c:  # fmt: skip
+                it = aiter(c)
+                await anext(it)
+                start, frames = time.perf_counter(), 0
+                async for b in it:
+                    frames += b.numel()
+                return frames / (time.perf_counter() - start)
+
+        return anyio.run(main)
+    finally:
+        server.kill()
+        server.wait()
+        if os.path.exists(port_file):
+            os.unlink(port_file)
 
 
 def _in_fresh_process(row: str, workload: str, fpb: int, batches: int, timeout: float) -> float:
@@ -150,7 +233,11 @@ def main() -> None:
     ap.add_argument("--no-torchrl", action="store_true", help="leave out TorchRL's rows")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per run")
     ap.add_argument("--row", help=argparse.SUPPRESS)
+    ap.add_argument("--serve", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.serve:
+        serve_model(args.serve)
+        return
     workloads = args.workload or sorted(ROWS)
     if args.row:
         fps = run_row(args.row, workloads[0], args.frames_per_batch, args.batches)
@@ -167,9 +254,13 @@ def main() -> None:
         fps = {r: statistics.median(v) for r, v in runs.items()}
         refs = {"cartpole64": ["TorchRL AsyncBatchedCollector (threading)", "aiocollect Collector (in-process)",
                                "bare loop"],
-                "heavy": ["aiocollect MultiSyncCollector (2 workers)"]}[workload]  # fmt: skip
+                "heavy": ["aiocollect MultiSyncCollector (2 workers)"], "coroutine": ["capacity"]}[workload]  # fmt: skip
+        if workload == "coroutine":
+            fps["capacity"] = CORO_ENVS / SERVER_DELAY
+            rows.append("capacity")
         refs = [r for r in refs if r in fps]
-        print(f"\n## {workload}: {N_ENVS} CartPoles, frames_per_batch {args.frames_per_batch}, "
+        n = CORO_ENVS if workload == "coroutine" else N_ENVS
+        print(f"\n## {workload}: {n} CartPoles, frames_per_batch {args.frames_per_batch}, "
               f"median of {args.repeats}")  # fmt: skip
         header = f"{'row':<52} {'frames/s':>10}" + "".join(f"  vs {r.split(' (')[0][:24]:>24}" for r in refs)
         print(header)

@@ -21,11 +21,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
+import numpy as np
 import torch
 
 from .._core._errors import InferenceError
 
-__all__ = ["CoroutinePolicy", "fill_with_coroutine_policy", "is_coroutine_policy"]
+__all__ = ["CoroutinePolicy", "act_now", "fill_with_coroutine_policy", "is_coroutine_policy"]
 
 
 def is_coroutine_policy(policy: Any) -> bool:
@@ -74,16 +75,40 @@ class CoroutinePolicy:
 
 
 async def fill_with_coroutine_policy(rollout: Any) -> None:
-    """`StreamRollout._fill` for a coroutine policy: one call per ready env, each starting its env's step."""
-    while rollout.filled < rollout.N:
-        rollout._raise_error()
-        if not rollout.ready:
-            await rollout._wait(1)
-            continue
-        rows, rollout.ready = rollout.ready, []
-        rollout.in_flight += len(rows)
-        for i in rows:
-            rollout._spawn_task(_act_one, rollout, i)
+    """`StreamRollout._fill` for a coroutine policy: one call per ready env, each starting its env's step.
+
+    While the batch fills, an env whose step was just recorded is asked for its next action
+    at once (`act_now`), without a round through this loop; once the batch is full, envs wait
+    in ``ready`` until the next batch is asked for (collection stays on demand).
+    """
+    rollout.collecting = True
+    try:
+        while rollout.filled < rollout.N:
+            rollout._raise_error()
+            if not rollout.ready:
+                await rollout._wait(1)
+                continue
+            rows, rollout.ready = rollout.ready, []
+            act_now(rollout, rows)
+    finally:
+        rollout.collecting = False
+
+
+def act_now(rollout: Any, rows: list[int]) -> None:
+    """Start one policy call (then the env's step) per row, as tasks of the rollout's owner."""
+    rollout.in_flight += len(rows)
+    for i in rows:
+        rollout._spawn_task(_act_one, rollout, i)
+
+
+def _numpy_views(tensors: dict[Any, torch.Tensor]) -> dict[Any, Any]:
+    out = {}
+    for k, v in tensors.items():
+        try:
+            out[k] = v.numpy()
+        except TypeError:  # bfloat16: write the tensor itself
+            out[k] = v
+    return out
 
 
 async def _act_one(rollout: Any, i: int) -> None:
@@ -98,10 +123,13 @@ async def _act_one(rollout: Any, i: int) -> None:
         request["collector", "env_id"] = torch.tensor(i)  # a client may keep a session per env
         answer = await policy.call(request, i)
         action = _action_of(answer, rollout, i)
+        pend = rollout.pend_np
+        if pend is None:
+            pend = rollout.pend_np = _numpy_views(rollout.pend)
         for k, v in obs.items():
-            rollout.pend[k][i] = v
+            pend[k][i] = v.numpy() if isinstance(pend[k], np.ndarray) else v
         for k, v in action.items():
-            rollout.pend[k][i] = v
+            pend[k][i] = v.numpy() if isinstance(pend[k], np.ndarray) else v
         rollout.pend_version[i] = policy.version
         rollout.pend_traj[i] = rollout.traj[i]
         started = True

@@ -152,7 +152,7 @@ class ShardedStreamRollout(StreamRollout):
                 dst[ended] = reset[ended]
         if len(ended):
             self.traj[ended] = self.counter.take_np(len(ended))
-        self.ready.extend(rows.tolist())
+        self._ready_again(rows.tolist())
 
 
 def _np(t: torch.Tensor) -> Any:

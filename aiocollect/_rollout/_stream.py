@@ -105,6 +105,8 @@ class StreamRollout:
         self.steps_done = 0
         self.traj = np.zeros(self.n, np.int64)
         self._all_rows = list(range(self.n))
+        self.collecting = False  # a coroutine policy's batch is filling (see _coro.act_now)
+        self.pend_np: dict[NestedKey, Any] | None = None  # numpy views of pend, made on first use
         self.cur: dict[NestedKey, torch.Tensor] = {}  # each env's observation awaiting an action
         self.pend: dict[NestedKey, torch.Tensor] = {}  # per env: what its step in flight was given
         self.pend_version = np.zeros(self.n, np.int64)
@@ -186,6 +188,7 @@ class StreamRollout:
             self.needs_reset, self.seeds = False, None
         if self.specs is None:
             await run_sync(self._learn_layout, random)
+            self.pend_np = None
         if self.store is None:
             self.store = self._allocate()
             self._bind(self.store)
@@ -377,7 +380,17 @@ class StreamRollout:
             self.traj[i] = self.counter.take_one()
         for dst, src in self._cur_copies:
             dst[i] = src[i]
-        self.ready.append(i)
+        self._ready_again([i])
+
+    def _ready_again(self, rows: list[int]) -> None:
+        """Envs whose step was recorded: a coroutine policy asks for their next action at once
+        while the batch fills; otherwise they wait for the next policy call."""
+        if self.collecting and self.filled < self.N:
+            from ._coro import act_now
+
+            act_now(self, rows)
+        else:
+            self.ready.extend(rows)
 
     def _learn_layout(self, random: bool) -> None:
         specs: dict[NestedKey, ArraySpec] = dict(self.spec.observation)
