@@ -38,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling modules, from any cwd
@@ -98,8 +99,9 @@ def run_row(row: str, workload: str, fpb: int, batches: int) -> float:
             c = MultiSyncCollector([vec, vec], policy, frames_per_batch=fpb, total_frames=total)
         else:
             backend = "threading" if "thread" in row else "multiprocessing"
+            min_batch = 64 if "min_batch" in row else None
             c = AsyncBatchedCollector([make] * N_ENVS, policy=policy, frames_per_batch=fpb, total_frames=total,
-                                      env_backend=backend, min_batch_size=64 if "min_batch" in row else None)  # fmt: skip
+                                      env_backend=backend, min_batch_size=min_batch)  # fmt: skip
         with c:
             return _time_iter(iter(c), batches, _numel)
     from tensordict.nn import TensorDictModule
@@ -151,8 +153,8 @@ def serve_model(port_file: str) -> None:
 
     async def main() -> None:
         server = await asyncio.start_server(handle, "127.0.0.1", 0, backlog=1024)
-        with open(port_file, "w") as f:
-            f.write(str(server.sockets[0].getsockname()[1]))
+        port = str(server.sockets[0].getsockname()[1])
+        await asyncio.to_thread(Path(port_file).write_text, port)
         await server.serve_forever()
 
     asyncio.run(main())
@@ -254,7 +256,8 @@ def main() -> None:
         fps = {r: statistics.median(v) for r, v in runs.items()}
         refs = {"cartpole64": ["TorchRL AsyncBatchedCollector (threading)", "aiocollect Collector (in-process)",
                                "bare loop"],
-                "heavy": ["aiocollect MultiSyncCollector (2 workers)"], "coroutine": ["capacity"]}[workload]  # fmt: skip
+                "heavy": ["aiocollect MultiSyncCollector (2 workers)"],
+                "coroutine": ["capacity"]}[workload]  # fmt: skip
         if workload == "coroutine":
             fps["capacity"] = CORO_ENVS / SERVER_DELAY
             rows.append("capacity")

@@ -102,7 +102,7 @@ def act_now(rollout: Any, rows: list[int]) -> None:
 
 
 def _numpy_views(tensors: dict[Any, torch.Tensor]) -> dict[Any, Any]:
-    out = {}
+    out: dict[Any, Any] = {}
     for k, v in tensors.items():
         try:
             out[k] = v.numpy()
