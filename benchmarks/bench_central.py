@@ -11,7 +11,8 @@ Workloads (the benchmarks' 64-64 MLP unless said):
 * ``heavy``: a policy whose forward pass at batch 1 costs about 1 ms (a 4-2048-2048-2 MLP),
   2 env workers x 32 CartPoles. Rows: `AsyncBatchedCollector` (two env-only processes, the
   policy once, in this process; also with ``min_batch_size=64``, one forward pass for both
-  workers) and `MultiSyncCollector` (two workers, each with its own copy).
+  workers, and with that forward pass on both cores) and `MultiSyncCollector` (two workers,
+  each with its own copy, one core each).
 * ``coroutine``: 256 CartPoles (one env thread) whose policy is a coroutine function, a client
   of a loopback model server (another process, one TCP connection per env) that answers each
   request 20 ms after it arrives. The server's capacity is 256 requests per 20 ms, 12,800
@@ -79,7 +80,9 @@ def _numel(batch: Any) -> int:
 
 def run_row(row: str, workload: str, fpb: int, batches: int) -> float:
     """One row's frames/s (in this process)."""
-    torch.set_num_threads(1)
+    # One thread per process, as each MultiSync worker has; the central policy may take both
+    # cores instead (its env workers idle while it runs), which the "2 torch threads" row does.
+    torch.set_num_threads(2 if "2 torch threads" in row else 1)
     policy = _policy(workload)
     make = functools.partial(wl.make_env, "CartPole-v1")
     total = fpb * (batches + 2)
@@ -131,6 +134,7 @@ ROWS = {
     "heavy": [
         "aiocollect AsyncBatchedCollector (2 env processes)",
         "aiocollect AsyncBatchedCollector (2 env processes, min_batch_size=64)",
+        "aiocollect AsyncBatchedCollector (2 env processes, min_batch_size=64, 2 torch threads)",
         "aiocollect MultiSyncCollector (2 workers)",
     ],
     "coroutine": [
@@ -139,6 +143,7 @@ ROWS = {
 }
 SERVER_DELAY = 0.020
 CORO_ENVS = 256
+USE_UVLOOP = False  # set per row
 
 
 def serve_model(port_file: str) -> None:
@@ -203,7 +208,7 @@ def run_coroutine_row(fpb: int, batches: int) -> float:
                     frames += b.numel()
                 return frames / (time.perf_counter() - start)
 
-        return anyio.run(main)
+        return anyio.run(main, backend_options={"use_uvloop": USE_UVLOOP})
     finally:
         server.kill()
         server.wait()
@@ -265,11 +270,11 @@ def main() -> None:
         n = CORO_ENVS if workload == "coroutine" else N_ENVS
         print(f"\n## {workload}: {n} CartPoles, frames_per_batch {args.frames_per_batch}, "
               f"median of {args.repeats}")  # fmt: skip
-        header = f"{'row':<52} {'frames/s':>10}" + "".join(f"  vs {r.split(' (')[0][:24]:>24}" for r in refs)
+        header = f"{'row':<84} {'frames/s':>10}" + "".join(f"  vs {r.split(' (')[0][:24]:>24}" for r in refs)
         print(header)
         for r in rows:
             cells = "".join(f"  {fps[r] / fps[ref]:>27.2f}x" for ref in refs)
-            print(f"{r:<52} {fps[r]:>10,.0f}{cells}")
+            print(f"{r:<84} {fps[r]:>10,.0f}{cells}")
 
 
 if __name__ == "__main__":

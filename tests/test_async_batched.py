@@ -452,3 +452,21 @@ async def test_yield_completed_trajectories_writes_episodes_to_a_buffer() -> Non
     stored = rb.sample_nowait(len(rb)) if len(rb) else None
     assert stored is not None and 0 < len(rb) <= 120
     assert int(stored["next", "done"].sum()) > 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("envs_per_worker", [None, 2])
+async def test_a_policy_on_cuda_acts_from_pinned_host_memory(envs_per_worker: int | None) -> None:
+    policy = Parity().to("cuda")
+    with anyio.fail_after(60):
+        async with AsyncBatchedCollector(count_envs(4, "threading"), policy=policy, device="cuda", frames_per_batch=40,
+                                         total_frames=80, envs_per_worker=envs_per_worker) as c:  # fmt: skip
+            batches = [b async for b in c]
+            rollout: Any = c._rollout
+            assert all(t.is_pinned() for t in rollout.cur.values())
+    for b in batches:
+        assert b.device is None or b.device.type == "cpu"
+        check_batch(b)
+        assert bool((b["action"] == b["observation"][:, 1].long() % 2).all())
+    check_continuity(batches, 4)

@@ -64,3 +64,17 @@ def test_the_inference_server_page_snippet_runs() -> None:
     lines = proc.stdout.splitlines()
     assert sorted(lines[:3]) == [f"{i} torch.Size([2]) 0" for i in range(3)] and lines[3:] == ["3"], proc.stdout
     assert "Exception ignored" not in proc.stderr, proc.stderr[-3000:]
+
+
+CENTRAL_PAGE = ROOT / "docs" / "central-inference.md"
+
+
+@pytest.mark.timeout(RUN_TIMEOUT + 30)
+def test_the_central_inference_page_snippet_runs() -> None:
+    code = re.findall(r"^```python\n(.*?)^```$", CENTRAL_PAGE.read_text(), re.S | re.M)[0]
+    proc = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    envs = "[0, 1, 2, 3, 4, 5, 6, 7]"
+    assert proc.stdout.splitlines() == [f"256 frames so far, from envs {envs}", f"512 frames so far, from envs {envs}"]
+    assert "Exception ignored" not in proc.stderr, proc.stderr[-3000:]

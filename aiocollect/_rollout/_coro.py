@@ -118,18 +118,21 @@ async def _act_one(rollout: Any, i: int) -> None:
     assert policy is not None
     started = False
     try:
-        obs = {k: v[i].clone() for k, v in rollout.cur.items()}
+        pend, cur = rollout.pend_np, rollout.cur_np
+        if pend is None:
+            pend = rollout.pend_np = _numpy_views(rollout.pend)
+            cur = rollout.cur_np = _numpy_views(rollout.cur)
+        obs = {}
+        for k, v in cur.items():
+            # The env's observation stays put until its step is recorded: what it is given is set now.
+            pend[k][i] = v[i]
+            obs[k] = torch.from_numpy(v[i].copy()) if isinstance(v, np.ndarray) else v[i].clone()
         request = TensorDict(obs, batch_size=[])
         request["collector", "env_id"] = torch.tensor(i)  # a client may keep a session per env
         answer = await policy.call(request, i)
         action = _action_of(answer, rollout, i)
-        pend = rollout.pend_np
-        if pend is None:
-            pend = rollout.pend_np = _numpy_views(rollout.pend)
-        for k, v in obs.items():
-            pend[k][i] = v.numpy() if isinstance(pend[k], np.ndarray) else v
-        for k, v in action.items():
-            pend[k][i] = v.numpy() if isinstance(pend[k], np.ndarray) else v
+        for k, a in action.items():
+            pend[k][i] = a.numpy() if isinstance(pend[k], np.ndarray) else a
         rollout.pend_version[i] = policy.version
         rollout.pend_traj[i] = rollout.traj[i]
         started = True

@@ -107,6 +107,15 @@ class StreamRollout:
         self._all_rows = list(range(self.n))
         self.collecting = False  # a coroutine policy's batch is filling (see _coro.act_now)
         self.pend_np: dict[NestedKey, Any] | None = None  # numpy views of pend, made on first use
+        self.cur_np: dict[NestedKey, Any] | None = None  # ... and of cur (with pend_np)
+        # A policy on a GPU reads the ready envs' observations from pinned host memory.
+        device = getattr(policy, "device", None)
+        self._cuda = device is not None and device.type == "cuda"
+        self._pinned = (
+            {k: torch.empty((self.n, *s.shape), dtype=s.dtype).pin_memory() for k, s in pool.spec.observation.items()}
+            if self._cuda
+            else None
+        )
         self.cur: dict[NestedKey, torch.Tensor] = {}  # each env's observation awaiting an action
         self.pend: dict[NestedKey, torch.Tensor] = {}  # per env: what its step in flight was given
         self.pend_version = np.zeros(self.n, np.int64)
@@ -181,14 +190,15 @@ class StreamRollout:
             await self._wait_for(lambda: not self.in_flight)  # their frames are kept; then every env starts afresh
             self._raise_error()
             await self.env._reset_arrays(None, self.seeds)
-            self.cur = {k: v.clone() for k, v in self.env._obs.items()}
+            self.cur = {k: self._host(v.clone()) for k, v in self.env._obs.items()}
+            self.pend_np = self.cur_np = None
             self._cur_copies = [_pair(self.cur[k], v) for k, v in self.env._obs.items()]
             self.traj[:] = self.counter.take_np(self.n)
             self.ready = list(range(self.n))
             self.needs_reset, self.seeds = False, None
         if self.specs is None:
             await run_sync(self._learn_layout, random)
-            self.pend_np = None
+            self.pend_np = self.cur_np = None
         if self.store is None:
             self.store = self._allocate()
             self._bind(self.store)
@@ -406,6 +416,10 @@ class StreamRollout:
         self.specs = specs
         self.pend = {k: s.zeros((self.n,)) for k, s in specs.items()}
 
+    def _host(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` in pinned memory when the policy is on a GPU (its copies there can then be asynchronous)."""
+        return t.pin_memory() if self._cuda else t
+
     def _store_actions(self, idx: torch.Tensor | None, out: dict[NestedKey, torch.Tensor]) -> None:
         """Where a pool takes its actions from arrays (a sharded pool), put them there (``idx``: rows; None: all)."""
 
@@ -419,7 +433,12 @@ class StreamRollout:
         # Every env at once, in order (one shard, or a lock-step start): slices, no index ops.
         whole = n == self.n and rows == self._all_rows
         idx = None if whole else torch.tensor(rows, dtype=torch.int64)
-        obs = dict(self.cur) if idx is None else {k: v.index_select(0, idx) for k, v in self.cur.items()}
+        if idx is None:
+            obs = dict(self.cur)
+        elif self._pinned is not None:  # gathered into pinned memory: the copy to the GPU does not block
+            obs = {k: torch.index_select(v, 0, idx, out=self._pinned[k][:n]) for k, v in self.cur.items()}
+        else:
+            obs = {k: v.index_select(0, idx) for k, v in self.cur.items()}
         versions: list[int] = []
         if random:
             versions.append(self.policy.version)
