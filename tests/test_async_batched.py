@@ -470,3 +470,35 @@ async def test_a_policy_on_cuda_acts_from_pinned_host_memory(envs_per_worker: in
         check_batch(b)
         assert bool((b["action"] == b["observation"][:, 1].long() % 2).all())
     check_continuity(batches, 4)
+
+
+@pytest.mark.parametrize(
+    ("env_backend", "envs_per_worker"),
+    [("threading", None), ("threading", 2), ("multiprocessing", 2), ("coroutine", None)],
+)
+def test_the_blocking_twin_iterates_without_with(env_backend: str, envs_per_worker: int | None) -> None:
+    # TorchRL scripts iterate a collector without 'with': steps that are tasks still get an owner.
+    c = B.AsyncBatchedCollector(count_envs(4, env_backend), frames_per_batch=30, total_frames=90,
+                                env_backend=env_backend, envs_per_worker=envs_per_worker)  # fmt: skip
+    batches = list(c)
+    assert len(batches) == 3
+    check_continuity(batches, 4)
+    c.shutdown()
+
+
+async def test_one_env_thread_or_env_processes_need_no_async_with() -> None:
+    for env_backend in ("threading", "multiprocessing"):
+        c = AsyncBatchedCollector(count_envs(4, env_backend), frames_per_batch=30, total_frames=60,
+                                  env_backend=env_backend)  # fmt: skip
+        with anyio.fail_after(60):
+            batches = [b async for b in c]
+            await c.aclose()
+        check_continuity(batches, 4)
+
+
+async def test_envs_stepped_by_tasks_ask_for_async_with() -> None:
+    c = AsyncBatchedCollector(count_envs(4, "coroutine"), frames_per_batch=30, total_frames=60)
+    with anyio.fail_after(60), pytest.raises(RuntimeError, match="inside 'async with collector:'"):
+        async for _ in c:
+            pass
+    await c.aclose()

@@ -156,13 +156,23 @@ EXIT_SCRIPT = textwrap.dedent(
             it = iter(collector)
             next(it)
             threading.Thread(target=next, args=(it,), daemon=True).start()
+        elif mode in ("central-threads", "central-processes"):  # envs in shards, iterated by hand
+            backend = mode.split("-")[1].replace("processes", "multiprocessing").replace("threads", "threading")
+            import gymnasium
+
+            collector = blocking.AsyncBatchedCollector([lambda: gymnasium.make("CartPole-v1")] * 4, frames_per_batch=64,
+                                                       env_backend=backend, envs_per_worker=2)
+            next(iter(collector))
         print("leaving without closing anything", flush=True)
     """
 )
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("mode", ["buffer", "background", "iterating", "stuck", "workers", "workers-stuck"])
+@pytest.mark.parametrize(
+    "mode",
+    ["buffer", "background", "iterating", "stuck", "workers", "workers-stuck", "central-threads", "central-processes"],
+)
 def test_a_script_that_leaves_blocking_objects_open_still_exits(tmp_path: Path, mode: str) -> None:
     # Finalizers and exit hooks must never wait on a portal (they used to deadlock in
     # Future.result() at interpreter exit), daemon threads must be out of torch's C++ code

@@ -188,14 +188,26 @@ class DataCollectorBase:
         return self
 
     def __next__(self) -> TensorDictBase:
+        if self._context is None and getattr(self._async, "_iterates_in_task_group", lambda: False)():
+            # Its env steps are tasks that outlive a batch (a barrier-free pool): they need the
+            # collector open, which plain iteration opens here and closes when it ends.
+            self.__enter__()
+            self._opened_by_iteration = True
         try:
             batch = self._portal.call(_anext_or_end, self._async)
-        except BaseException:
-            if self._context is None:  # plain iteration: nothing else will clean up
+        except BaseException as exc:
+            if getattr(self, "_opened_by_iteration", False):
+                self._opened_by_iteration = False
+                self.__exit__(type(exc), exc, exc.__traceback__)
+            elif self._context is None:  # plain iteration: nothing else will clean up
                 self.shutdown()
             raise
         if batch is _END:
-            self.shutdown()
+            if getattr(self, "_opened_by_iteration", False):
+                self._opened_by_iteration = False
+                self.__exit__(None, None, None)
+            else:
+                self.shutdown()
             raise StopIteration
         return batch
 
@@ -249,8 +261,8 @@ class DataCollectorBase:
             if self._portal.running:
                 self._portal.call(self._async.async_shutdown, interruptible=False)
         finally:
-            if self._opened_by_start:
-                self._opened_by_start = False
+            if self._opened_by_start or getattr(self, "_opened_by_iteration", False):
+                self._opened_by_start = self._opened_by_iteration = False
                 self.__exit__(None, None, None)
 
     def update_policy_weights_(

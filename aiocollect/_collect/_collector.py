@@ -297,6 +297,11 @@ class Collector(
     async def _start(self) -> None:
         await self._lane.run(self._build)
 
+    def _iterates_in_task_group(self) -> bool:
+        """Whether iteration needs ``async with`` (env steps that are tasks outliving a batch)."""
+        rollout = self._rollout
+        return isinstance(rollout, StreamRollout) and rollout.needs_tasks()
+
     def _stop_requested(self) -> None:
         self._lane.stop.set()
         if isinstance(self._rollout, StreamRollout) and in_event_loop():
@@ -353,12 +358,13 @@ class Collector(
         if rb is not None and rb.direct_writes and rollout.buf is not None and not (post or hooked):
             await self._collect_into_buffer(rollout, random, start)
             return None
-        if isinstance(rollout, StreamRollout):
+        if isinstance(rollout, StreamRollout) and rollout.needs_tasks():
             if self._tg is None:
                 # Its env steps outlive a batch, so they need an owner that outlives one too.
                 raise RuntimeError(
-                    "a barrier-free AsyncEnvPool (min_ready=) is stepped by tasks of the collector's task group; "
-                    "iterate the Collector inside 'async with collector:'"
+                    f"this {type(self).__name__}'s env steps are tasks of its task group (a barrier-free "
+                    "AsyncEnvPool, coroutine envs, several env threads or a coroutine policy); iterate it inside "
+                    "'async with collector:'"
                 )
             rollout.spawn = self._tg.start_soon
         if isinstance(rollout.env, AsyncBatchedEnv):

@@ -12,6 +12,7 @@ another, and an env never waits for a lock-step batch.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
@@ -35,6 +36,7 @@ class ShardedStreamRollout(StreamRollout):
         self.pending: list[list[int]] = [[] for _ in shards]  # rows queued for each shard's next call
         self._kicks: list[Any] = [None] * len(shards)  # an anyio.Event while the shard's task waits
         self._shards_started = False
+        self._busy: list[np.ndarray | None] = [None] * len(shards)  # each shard's rows in its call in progress
         self._vcols: tuple[Any, ...] = ()
         self._reset_src = [_np(self.pool._reset_obs[k]) for k in self.spec.observation]
 
@@ -47,7 +49,16 @@ class ShardedStreamRollout(StreamRollout):
             else:
                 dst.index_copy_(0, idx, src)
 
+    def needs_tasks(self) -> bool:
+        # One env thread, or env processes: the collector's thread drives them, no task needed.
+        return self.coro_policy is not None or (self.pool.inline_step is None and self.pool.sync_shards is None)
+
     async def _fill(self, random: bool, run_sync: Callable[..., Awaitable[Any]]) -> None:
+        if self.coro_policy is None and self.pool.sync_shards is not None:
+            while self.filled < self.N:
+                self._raise_error()
+                await run_sync(self._cycle_sync, random)
+            return
         if self.pool.inline_step is None or self.coro_policy is not None:
             await super()._fill(random, run_sync)
             return
@@ -123,6 +134,76 @@ class ShardedStreamRollout(StreamRollout):
                 self.in_flight -= len(rows)
                 if self._until is not None:
                     self._poke()
+
+    # -- driving env processes from the collector's thread --------------------------------------
+    async def _drain(self, run_sync: Callable[..., Awaitable[Any]]) -> None:
+        if self.pool.sync_shards is None or not any(rows is not None for rows in self._busy):
+            await super()._drain(run_sync)
+            return
+        await run_sync(self._drain_sync)
+
+    def _drain_sync(self) -> None:
+        """Collect the replies of the shard calls in progress (before every env is reset)."""
+        while any(rows is not None for rows in self._busy):
+            self._collect_replies(0.1)
+
+    def _cycle_sync(self, random: bool) -> None:
+        """The barrier-free loop on the collector's thread, for shards it drives itself (processes).
+
+        Ready envs get their actions once ``min_ready`` of them are ready, or ``max_wait``
+        seconds after the first was, or at once when no step is in progress; each shard is
+        sent its rows as soon as it is free; replies are waited for with a bounded wait (the
+        stop flag is checked between two).
+        """
+        from ._rollout import Interrupted
+
+        shard_of, pending, busy = self.pool.shard_of, self.pending, self._busy
+        first = None  # when the oldest ready env became ready
+        while self.filled < self.N:
+            if self.stop.is_set():
+                raise Interrupted
+            now = time.perf_counter()
+            if self.ready:
+                first = now if first is None else first
+                idle = all(rows is None for rows in busy)
+                late = self.max_wait is not None and now - first >= self.max_wait
+                if len(self.ready) >= self.min_ready or idle or late:
+                    take = self.max_ready
+                    if take is None or len(self.ready) <= take:
+                        rows, self.ready = self.ready, []
+                    else:
+                        rows, self.ready = self.ready[:take], self.ready[take:]
+                    first = None if not self.ready else now
+                    self._act(rows, random)
+                    self.in_flight += len(rows)
+                    for i in rows:
+                        pending[shard_of[i]].append(i)
+                    for s, queued in enumerate(pending):
+                        if queued and busy[s] is None:
+                            self._send(s)
+                    continue
+                timeout = 0.1 if self.max_wait is None else max(0.0, self.max_wait - (now - first))
+            else:
+                timeout = 0.1
+            self._collect_replies(min(timeout, 0.1))
+
+    def _send(self, s: int) -> None:
+        rows = np.array(self.pending[s], dtype=np.int64)
+        self.pending[s].clear()
+        self._busy[s] = rows
+        self.pool.sync_shards.send(s, rows)
+
+    def _collect_replies(self, timeout: float) -> None:
+        shards = self.pool.sync_shards
+        for s in shards.wait(timeout):
+            rows, self._busy[s] = self._busy[s], None
+            try:
+                shards.finish(s)
+            finally:
+                self.in_flight -= len(rows)
+            self._record(rows)
+            if self.pending[s]:
+                self._send(s)
 
     # -- recording ----------------------------------------------------------------------------
     def _bind(self, store: dict[Any, torch.Tensor]) -> None:

@@ -171,9 +171,9 @@ class StreamRollout:
         """
         from tensordict import TensorDict
 
-        assert self.spawn is not None, "the collector sets spawn (its task group's start_soon) first"
         random = random or self.policy.is_random
-        if self._stopping is None:
+        if self.needs_tasks() and self._stopping is None:
+            assert self.spawn is not None, "the collector sets spawn (its task group's start_soon) first"
             self._stopping = anyio.Event()
             try:
                 self._loop = asyncio.get_running_loop()
@@ -187,7 +187,7 @@ class StreamRollout:
         if self.reset_at_each_iter:
             self.needs_reset = True
         if self.needs_reset:
-            await self._wait_for(lambda: not self.in_flight)  # their frames are kept; then every env starts afresh
+            await self._drain(run_sync)  # their frames are kept; then every env starts afresh
             self._raise_error()
             await self.env._reset_arrays(None, self.seeds)
             self.cur = {k: self._host(v.clone()) for k, v in self.env._obs.items()}
@@ -231,6 +231,10 @@ class StreamRollout:
             data = {k: v.to(dev) for k, v in data.items()}
         return TensorDict(data, batch_size=[N], device=dev)
 
+    async def _drain(self, run_sync: Callable[..., Awaitable[Any]]) -> None:
+        """Until no env step is in flight."""
+        await self._wait_for(lambda: not self.in_flight)
+
     async def _fill(self, random: bool, run_sync: Callable[..., Awaitable[Any]]) -> None:
         """Run the policy on ready envs and start their steps until the batch holds its frames."""
         if self.coro_policy is not None:
@@ -262,6 +266,10 @@ class StreamRollout:
             task.cancel()
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
+
+    def needs_tasks(self) -> bool:
+        """Whether env steps run as tasks of the collector's task group (then ``async with`` is needed)."""
+        return True
 
     # -- internals ----------------------------------------------------------------------------
     def _spawn_task(self, fn: Callable[..., Any], *args: Any) -> None:

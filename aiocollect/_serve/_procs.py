@@ -22,6 +22,7 @@ import pickle
 import signal
 import traceback
 from collections.abc import Sequence
+from multiprocessing.connection import wait as _wait_conns
 from multiprocessing.reduction import recv_handle, send_handle
 from typing import Any
 
@@ -128,6 +129,31 @@ class ProcessShards:
             raise WorkerCrashedError(s, process.pid, process.exitcode) from None
         if reply[:1] == _FAILED:
             raise worker_error_from_message(s, self._procs[s].pid, pickle.loads(reply[1:]))
+
+    # -- driven from the collector's thread (the barrier-free loop runs there) -------------------
+    def send(self, shard: int, rows: np.ndarray) -> None:
+        """Start shard ``shard``'s step of ``rows`` (their actions are in the block already)."""
+        try:
+            self._conns[shard].send_bytes(_STEP + rows.astype(np.int64, copy=False).tobytes())
+        except OSError:
+            pass  # the worker is gone: finish() reports how it ended
+
+    def wait(self, timeout: float) -> list[int]:
+        """The shards whose reply (or end) is readable, waiting at most ``timeout`` seconds."""
+        ready = _wait_conns(self._conns, timeout)
+        return [self._conns.index(conn) for conn in ready]
+
+    def finish(self, shard: int) -> None:
+        """Read shard ``shard``'s reply: nothing, or its worker's failure raised here."""
+        conn = self._conns[shard]
+        try:
+            reply = conn.recv_bytes()
+        except (EOFError, OSError):
+            process = self._procs[shard]
+            process.join(5.0)
+            raise WorkerCrashedError(shard, process.pid, process.exitcode) from None
+        if reply[:1] == _FAILED:
+            raise worker_error_from_message(shard, self._procs[shard].pid, pickle.loads(reply[1:]))
 
     async def reset(self, seeds: Sequence[int | None] | None) -> None:
         async def one(s: int) -> None:

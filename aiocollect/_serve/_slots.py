@@ -120,6 +120,8 @@ class SlotPool(AsyncBatchedEnv):
         self.counters = PoolCounters()  # envs here raise; none is turned into a truncation
         #: ``step(rows)`` callable on any thread (one shard of thread-safe envs), else None.
         self.inline_step = getattr(backend, "inline_step", None)
+        #: Shards the collector's thread drives itself (send / wait / finish), else None.
+        self.sync_shards = backend if hasattr(backend, "send") else None
         self._closed = False
 
     async def _reset_arrays(self, mask: torch.Tensor | None, seeds: Sequence[int] | None) -> dict[NestedKey, Any]:
