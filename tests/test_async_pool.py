@@ -241,7 +241,9 @@ async def test_barrier_free_iteration_without_async_with_is_refused_and_closes_t
     envs = [SleepyAsyncEnv(delay=0.001, episode_length=4) for _ in range(4)]
     c = Collector(lambda: AsyncEnvPool(envs, min_ready=2), frames_per_batch=8, total_frames=16)
     with anyio.fail_after(20):
-        with pytest.raises(RuntimeError, match=r"iterate the Collector inside 'async with collector:'$"):
+        with pytest.raises(
+            RuntimeError, match=r"Collector's env steps are tasks .* iterate it inside 'async with collector:'$"
+        ):
             async for _ in c:
                 pass
     assert repr(c).startswith("<Collector [closed")
