@@ -1,11 +1,15 @@
 """Barrier-free collection from a sharded pool (central inference): one task per shard, not per step.
 
 A sharded pool (`SlotPool`, built by `AsyncBatchedCollector`) holds single envs that step in
-shards, each a thread or an env-only process. The policy runs, as in `StreamRollout`, on
-whichever envs are ready; their actions go into the pool's ``act`` rows (on the policy's
-thread) and their ids into their shard's queue. Each shard is served by one long-lived task
-that hands its shard every queued row at once and, when the shard returns, records the
-frames of all of them with a few array operations. Per env step, the event loop pays for
+shards, each a thread or an env-only process. Three ways to drive them, by what the shards
+allow: one env thread steps on the collector's own thread, taking turns with the policy
+(`_cycle_inline`); env processes are driven from the collector's thread too, which sends each
+free process its rows and waits for whichever answers first (`_cycle_sync`); otherwise (several
+threads, a coroutine policy) one task per shard on the event loop, as follows. The policy
+runs, as in `StreamRollout`, on whichever envs are ready; their actions go into the pool's
+``act`` rows (on the policy's thread) and their ids into their shard's queue. Each shard is
+served by one long-lived task that hands its shard every queued row at once and, when the
+shard returns, records the frames of all of them with a few array operations. Per env step, the event loop pays for
 appending an int to a list: everything else is per shard call. A shard never waits for
 another, and an env never waits for a lock-step batch.
 """

@@ -4,8 +4,10 @@ Each worker holds its shard's envs and nothing else (no policy, no torch model: 
 as fast as its envs build). The slot arrays live in one memfd block mapped by the parent and
 every worker (`SharedBlock`: nothing named in ``/dev/shm``, freed by the kernel with the
 last mapping). Per shard call the pipe carries the row ids one way and one byte back; the
-observations and actions stay in the block. The parent waits for the byte by fd readiness
-on the event loop. A worker whose env raises answers with the error and its traceback
+observations and actions stay in the block. The collector's thread drives the workers itself
+(`send`, `wait` for whichever answers first, `finish`); where the steps are tasks on the event
+loop instead (a coroutine policy), a step's reply is awaited by fd readiness on the loop
+(`step`). A worker whose env raises answers with the error and its traceback
 (raised in the parent as a `WorkerError` naming the worker); one that dies closes its pipe,
 which wakes the same wait (`WorkerCrashedError`).
 
