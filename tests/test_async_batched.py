@@ -502,3 +502,22 @@ async def test_envs_stepped_by_tasks_ask_for_async_with() -> None:
         async for _ in c:
             pass
     await c.aclose()
+
+
+async def test_postproc_hooks_and_stats_see_every_batch() -> None:
+    seen: list[int] = []
+
+    def postproc(batch: Any) -> Any:
+        batch["frame_count"] = torch.full((batch.shape[0],), batch.shape[0])
+        return batch
+
+    with anyio.fail_after(60):
+        async with AsyncBatchedCollector(count_envs(4, "multiprocessing"), frames_per_batch=32, total_frames=96,
+                                         postproc=postproc, post_collect_hook=lambda b: seen.append(b.shape[0]),
+                                         max_queued_batches=1, envs_per_worker=2) as c:  # fmt: skip
+            batches = [b async for b in c]
+            stats = c.stats()
+    assert [int(b["frame_count"][0]) for b in batches] == [32, 32, 32]
+    assert seen == [32, 32, 32]
+    assert stats.frames == 96 and stats.batches == 3
+    check_continuity(batches, 4)
