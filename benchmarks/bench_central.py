@@ -18,24 +18,24 @@ Workloads (the benchmarks' 64-64 MLP unless said):
   request 20 ms after it arrives. The server's capacity is 256 requests per 20 ms, 12,800
   frames/s: the row reports its share of it.
 
-Each row runs in a fresh interpreter (``--row`` re-runs this script), collects a warm-up batch,
-then times ``--batches`` batches; frames/s is the median of ``--repeats`` runs. Ratios are to
+Each row runs in a fresh interpreter (the harness's fresh-process runner), collects a warm-up
+batch, then times ``--batches`` batches; frames/s is the median of ``--repeats`` runs. Ratios are to
 the rows the issue names: TorchRL's ``AsyncBatchedCollector`` and aiocollect's in-process
 collector (``cartpole64``), ``MultiSyncCollector`` (``heavy``).
 
 Usage::
 
-    python benchmarks/bench_central.py                      # both workloads, 3 repeats
-    python benchmarks/bench_central.py --workload cartpole64 --repeats 1 --no-torchrl
+    python benchmarks/bench_central.py                      # every workload, 3 repeats
+    python benchmarks/bench_central.py --quick              # cartpole64 without TorchRL, one repeat
+    python benchmarks/bench_central.py --workload coroutine --repeats 1
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import json
+import math
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -43,8 +43,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling modules, from any cwd
+import _harness as h
 import _workloads as wl
 import torch
+from _harness import Col, log
 from torch import nn
 
 N_ENVS = 64
@@ -216,66 +218,95 @@ def run_coroutine_row(fpb: int, batches: int) -> float:
             os.unlink(port_file)
 
 
-def _in_fresh_process(row: str, workload: str, fpb: int, batches: int, timeout: float) -> float:
-    cmd = [sys.executable, os.path.abspath(__file__), "--row", row, "--workload", workload,
-           "--frames-per-batch", str(fpb), "--batches", str(batches)]  # fmt: skip
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        print(f"  {row}: timed out after {timeout:.0f}s", file=sys.stderr)
-        return float("nan")
-    for line in out.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return float(json.loads(line[7:])["fps"])
-    print(f"  {row}: failed\n{out.stderr[-2000:]}", file=sys.stderr)
-    return float("nan")
+TARGETS = {  # (row, reference row, least ratio): the issue's targets
+    "cartpole64": [
+        ("aiocollect AsyncBatchedCollector (1 env thread)", "TorchRL AsyncBatchedCollector (threading)", 5.0),
+        ("aiocollect AsyncBatchedCollector (1 env thread)", "aiocollect Collector (in-process)", 0.8),
+    ],
+    "heavy": [
+        (
+            "aiocollect AsyncBatchedCollector (2 env processes, min_batch_size=64, 2 torch threads)",
+            "aiocollect MultiSyncCollector (2 workers)",
+            1.5,
+        ),
+    ],
+    "coroutine": [("aiocollect AsyncBatchedCollector (coroutine policy, 256 envs)", "capacity", 0.9)],
+}
+REFS = {
+    "cartpole64": ["TorchRL AsyncBatchedCollector (threading)", "aiocollect Collector (in-process)", "bare loop"],
+    "heavy": ["aiocollect MultiSyncCollector (2 workers)"],
+    "coroutine": ["capacity"],
+}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def child_main(cfg: dict[str, Any], t_start: float) -> dict[str, Any]:
+    return {"fps": run_row(cfg["row"], cfg["workload"], cfg["fpb"], cfg["batches"])}
+
+
+def _child_entry(cfg_json: str, t_start: float) -> None:
+    h.child_entry(child_main, cfg_json, t_start)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = h.parser(__doc__, quick="cartpole64 without TorchRL, one repeat, 2 timed batches",
+                  repeats="fresh-process runs per row (median; default 3)",
+                  no_torchrl="leave out TorchRL's rows")  # fmt: skip
     ap.add_argument("--workload", action="append", choices=sorted(ROWS), help="default: all")
-    ap.add_argument("--repeats", type=int, default=3, help="fresh-process runs per row (median)")
     ap.add_argument("--frames-per-batch", type=int, default=3200)
-    ap.add_argument("--batches", type=int, default=5, help="timed batches per run, after one warm-up batch")
-    ap.add_argument("--no-torchrl", action="store_true", help="leave out TorchRL's rows")
+    ap.add_argument("--batches", type=int, default=None, help="timed batches per run, after one warm-up (default 5)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per run")
-    ap.add_argument("--row", help=argparse.SUPPRESS)
     ap.add_argument("--serve", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.serve:
         serve_model(args.serve)
-        return
-    workloads = args.workload or sorted(ROWS)
-    if args.row:
-        fps = run_row(args.row, workloads[0], args.frames_per_batch, args.batches)
-        print("RESULT " + json.dumps({"fps": fps}), flush=True)
-        return
-    print(f"# bench_central  python {sys.version.split()[0]}  torch {torch.__version__}  cpus {os.cpu_count()}  "
-          f"load {os.getloadavg()[0]:.2f}")  # fmt: skip
-    for workload in workloads:
-        rows = [r for r in ROWS[workload] if not (args.no_torchrl and r.startswith("TorchRL"))]
-        runs: dict[str, list[float]] = {r: [] for r in rows}
-        for _ in range(args.repeats):  # rows round robin: drift hits every row alike
-            for r in rows:
-                runs[r].append(_in_fresh_process(r, workload, args.frames_per_batch, args.batches, args.timeout))
-        fps = {r: statistics.median(v) for r, v in runs.items()}
-        refs = {"cartpole64": ["TorchRL AsyncBatchedCollector (threading)", "aiocollect Collector (in-process)",
-                               "bare loop"],
-                "heavy": ["aiocollect MultiSyncCollector (2 workers)"],
-                "coroutine": ["capacity"]}[workload]  # fmt: skip
-        if workload == "coroutine":
+        return 0
+    workloads = args.workload or (["cartpole64"] if args.quick else sorted(ROWS))
+    repeats = args.repeats or (1 if args.quick else 3)
+    batches = args.batches or (2 if args.quick else 5)
+    no_torchrl = args.no_torchrl or args.quick
+    import aiocollect
+
+    run = h.Session("torch", "tensordict", "gymnasium", "torchrl", aiocollect=aiocollect.__version__)
+    run.header(
+        f"bench_central: {repeats} fresh process(es) per row, rows round robin; one warm-up batch, then {batches} "
+        f"timed batches of {args.frames_per_batch} frames",
+        sys.executable,
+    )
+    plan = [(w, r) for w in workloads for r in ROWS[w] if not (no_torchrl and r.startswith("TorchRL"))]
+
+    def config(key: tuple[str, str], _rep: int) -> dict[str, Any]:
+        return {"workload": key[0], "row": key[1], "fpb": args.frames_per_batch, "batches": batches}
+
+    def logged(key: tuple[str, str], rep: int, _cfg: dict[str, Any], r: dict[str, Any]) -> None:
+        what = f"FAILED {r['error']}" if "error" in r else f"{r['fps']:,.0f} frames/s"
+        log(f"  round {rep + 1} {key[0]} / {key[1]}: {what}")
+
+    runs = h.fresh_rounds("bench_central", plan, repeats, config, args.timeout, on_result=logged)
+    checks, tables, records = h.Checks(), [], []
+    for w in workloads:
+        fps = {r: h.median(x["fps"] for x in runs[(w, r)] if "error" not in x) for ww, r in plan if ww == w}
+        if w == "coroutine":
             fps["capacity"] = CORO_ENVS / SERVER_DELAY
-            rows.append("capacity")
-        refs = [r for r in refs if r in fps]
-        n = CORO_ENVS if workload == "coroutine" else N_ENVS
-        print(f"\n## {workload}: {n} CartPoles, frames_per_batch {args.frames_per_batch}, "
-              f"median of {args.repeats}")  # fmt: skip
-        header = f"{'row':<84} {'frames/s':>10}" + "".join(f"  vs {r.split(' (')[0][:24]:>24}" for r in refs)
-        print(header)
-        for r in rows:
-            cells = "".join(f"  {fps[r] / fps[ref]:>27.2f}x" for ref in refs)
-            print(f"{r:<84} {fps[r]:>10,.0f}{cells}")
+        refs = [r for r in REFS[w] if r in fps]
+        rows = [
+            {"row": r, "fps": v, **{f"x{i}": h.div(v, fps[ref]) for i, ref in enumerate(refs)}} for r, v in fps.items()
+        ]
+        cols = [Col(f"{w}: row", "{row}", left=True), Col("frames/s", lambda r: h.fmt_n(r["fps"], sep=True))]
+        cols += [Col(f"x {ref}", h.ratio(f"x{i}")) for i, ref in enumerate(refs)]
+        log("")
+        for line in h.console_table(cols, rows):
+            log(line)
+        tables += [*h.markdown_table(cols, rows), ""]
+        records += [{"workload": w, **r} for r in rows]
+        for row, ref, least in TARGETS[w]:
+            x = h.div(fps.get(row, h.NAN), fps.get(ref, h.NAN))
+            checks.add(f"{w}: {row} at least {least}x {ref}", None if not math.isfinite(x) else x >= least, h.fmt_x(x))
+    checks.report()
+    run.markdown(tables[:-1], f", torch.set_num_threads(1) unless said, frames_per_batch={args.frames_per_batch}")
+    run.footer()
+    run.write_json(args.json, rows=records, checks=checks.as_json())
+    return checks.exit_code(args.strict)
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # the guard matters: env worker processes re-import this module
+    sys.exit(main())
