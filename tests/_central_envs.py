@@ -65,8 +65,8 @@ class AsyncCountEnv:
     observation_space = CountEnv.observation_space
     action_space = CountEnv.action_space
 
-    def __init__(self, env_id: int, fail_at: int | None = None) -> None:
-        self._env = CountEnv(env_id, fail_at)
+    def __init__(self, env_id: int, fail_at: int | None = None, length: int | None = None) -> None:
+        self._env = CountEnv(env_id, fail_at, length=length)
 
     async def reset(self, *, seed: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
         return self._env.reset(seed=seed)

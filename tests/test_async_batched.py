@@ -246,10 +246,12 @@ async def test_every_exit_path_stops_the_envs(env_backend: str, how: str) -> Non
                     tg.cancel_scope.cancel()
 
 
-async def test_reset_at_each_iter_restarts_every_env_each_batch() -> None:
+@pytest.mark.parametrize("env_backend", ENV_BACKENDS)
+async def test_reset_at_each_iter_restarts_every_env_each_batch(env_backend: str) -> None:
     with anyio.fail_after(60):
-        async with AsyncBatchedCollector(count_envs(4, "threading", length=10_000), frames_per_batch=40,
-                                         total_frames=160, reset_at_each_iter=True) as c:  # fmt: skip
+        async with AsyncBatchedCollector(count_envs(4, env_backend, length=10_000), frames_per_batch=40,
+                                         total_frames=160, reset_at_each_iter=True, env_backend=env_backend,
+                                         envs_per_worker=2) as c:  # fmt: skip
             batches = [b async for b in c]
     for b in batches[1:]:
         env, t = b["collector", "env_id"], b["observation"][:, 1]
@@ -521,3 +523,24 @@ async def test_postproc_hooks_and_stats_see_every_batch() -> None:
     assert seen == [32, 32, 32]
     assert stats.frames == 96 and stats.batches == 3
     check_continuity(batches, 4)
+
+
+@pytest.mark.parametrize("env_backend", ["threading", "multiprocessing"])
+async def test_set_seed_and_reset_restart_the_envs_with_new_trajectories(env_backend: str) -> None:
+    make = partial(gym.make, "CartPole-v1")
+    firsts = []
+    with anyio.fail_after(60):
+        for _ in range(2):
+            async with AsyncBatchedCollector([make] * 3, frames_per_batch=30, total_frames=60,
+                                             env_backend=env_backend, envs_per_worker=2) as c:  # fmt: skip
+                c.set_seed(11)
+                batches = []
+                async for b in c:
+                    batches.append(b)
+                    c.reset()  # the next batch starts every env afresh, with new trajectory ids
+            firsts.append(batches[0])
+            old, new = (set(b["collector", "traj_ids"].tolist()) for b in batches)
+            assert len(new - old) >= 3
+    env = firsts[0]["collector", "env_id"]
+    first_obs = [firsts[k]["observation"][env == 0][0] for k in range(2)]
+    assert torch.equal(*first_obs), "the same seed gives env 0 the same first observation"

@@ -112,8 +112,6 @@ def _numpy_views(tensors: dict[Any, torch.Tensor]) -> dict[Any, Any]:
 
 
 async def _act_one(rollout: Any, i: int) -> None:
-    from tensordict import TensorDict
-
     policy = rollout.coro_policy
     assert policy is not None
     started = False
@@ -127,8 +125,9 @@ async def _act_one(rollout: Any, i: int) -> None:
             # The env's observation stays put until its step is recorded: what it is given is set now.
             pend[k][i] = v[i]
             obs[k] = torch.from_numpy(v[i].copy()) if isinstance(v, np.ndarray) else v[i].clone()
-        request = TensorDict(obs, batch_size=[])
-        request["collector", "env_id"] = torch.tensor(i)  # a client may keep a session per env
+        # With the env's index, for clients that keep a session per env (built without
+        # TensorDict's checks: these entries are unbatched tensors by construction).
+        request = _request(obs, torch.tensor(i))
         answer = await policy.call(request, i)
         action = _action_of(answer, rollout, i)
         for k, a in action.items():
@@ -148,13 +147,30 @@ async def _act_one(rollout: Any, i: int) -> None:
                 rollout._poke()
 
 
+_SCALAR = torch.Size([])
+
+
+def _request(obs: dict[Any, torch.Tensor], env_id: torch.Tensor) -> Any:
+    from tensordict import TensorDict
+
+    new = getattr(TensorDict, "_new_unsafe", None)
+    if new is None:  # pragma: no cover - a tensordict without it
+        request = TensorDict(obs, batch_size=[])
+        request["collector", "env_id"] = env_id
+        return request
+    return new({**obs, "collector": new({"env_id": env_id}, batch_size=_SCALAR)}, batch_size=_SCALAR)
+
+
 def _action_of(answer: Any, rollout: Any, i: int) -> dict[Any, torch.Tensor]:
     """The action tensors in ``answer``, checked against the env's action spec."""
     from tensordict import TensorDictBase
 
     specs = rollout.spec.action
-    if isinstance(answer, torch.Tensor) and len(specs) == 1:
-        answer = {next(iter(specs)): answer}
+    if type(answer) is torch.Tensor and len(specs) == 1:
+        ((key, spec),) = specs.items()
+        if answer.shape == spec.shape and answer.dtype == spec.dtype:  # the common answer, checked in one go
+            return {key: answer}
+        answer = {key: answer}
     if not isinstance(answer, (Mapping, TensorDictBase)):
         raise InferenceError(
             f"the coroutine policy answered env {i} with {type(answer).__name__}; return a TensorDict or mapping "

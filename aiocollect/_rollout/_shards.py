@@ -43,6 +43,7 @@ class ShardedStreamRollout(StreamRollout):
         self._busy: list[np.ndarray | None] = [None] * len(shards)  # each shard's rows in its call in progress
         self._vcols: tuple[Any, ...] = ()
         self._reset_src = [_np(self.pool._reset_obs[k]) for k in self.spec.observation]
+        self._act_np = {k: _np(v) for k, v in self.pool.act.items()}
 
     # -- stepping -----------------------------------------------------------------------------
     def _store_actions(self, idx: torch.Tensor | None, out: dict[NestedKey, torch.Tensor]) -> None:
@@ -99,8 +100,9 @@ class ShardedStreamRollout(StreamRollout):
             self._kick(s)
 
     def _dispatch_one(self, i: int, action: dict[NestedKey, torch.Tensor]) -> None:
-        for k, dst in self.pool.act.items():
-            dst[i] = action[k]
+        for k, dst in self._act_np.items():
+            a = action[k]
+            dst[i] = a.numpy() if isinstance(dst, np.ndarray) else a
         self._start_shards()
         s = int(self.pool.shard_of[i])
         self.pending[s].append(i)
