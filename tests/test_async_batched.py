@@ -8,8 +8,13 @@ or mismatched, whatever the env backend.
 from __future__ import annotations
 
 import itertools
+import os
+import signal
+import subprocess
+import sys
 import threading
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -544,3 +549,63 @@ async def test_set_seed_and_reset_restart_the_envs_with_new_trajectories(env_bac
     env = firsts[0]["collector", "env_id"]
     first_obs = [firsts[k]["observation"][env == 0][0] for k in range(2)]
     assert torch.equal(*first_obs), "the same seed gives env 0 the same first observation"
+
+
+CTRL_C_SCRIPT = """
+import sys
+import gymnasium
+from aiocollect import blocking
+
+if __name__ == "__main__":  # env worker processes import this file too
+    try:
+        with blocking.AsyncBatchedCollector([lambda: gymnasium.make("CartPole-v1")] * 4, frames_per_batch=200,
+                                            env_backend="multiprocessing", envs_per_worker=2) as c:
+            next(c)
+            print(*[p.pid for p in c._async._env.backend._procs], flush=True)
+            for _ in c:
+                pass
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        sys.exit(3)
+"""
+
+
+def still_running(pids: list[int], timeout: float) -> list[int]:
+    """The pids still running (not zombies) after up to ``timeout`` seconds; any may exit while we look."""
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    running = []
+    for p in alive:
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                running.append(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return running
+
+
+def test_ctrl_c_in_a_blocking_script_stops_the_env_processes(tmp_path: Path) -> None:
+    script = tmp_path / "script.py"
+    script.write_text(CTRL_C_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 3, err
+        assert "interrupted" in out
+        assert still_running(pids, 10) == []
+    finally:
+        proc.kill()
+        proc.communicate()
