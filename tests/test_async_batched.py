@@ -609,3 +609,20 @@ def test_ctrl_c_in_a_blocking_script_stops_the_env_processes(tmp_path: Path) -> 
     finally:
         proc.kill()
         proc.communicate()
+
+
+async def test_env_threads_step_at_the_same_time() -> None:
+    # Envs 0 and 2 are in different shards: each waits at its first step for the other. Shards
+    # stepped one after the other would break the barrier (a timeout), not meet at it.
+    barrier = threading.Barrier(2, timeout=20)
+
+    def gate(env_id: int, steps: int) -> None:
+        if env_id in (0, 2) and steps == 0:
+            barrier.wait()
+
+    with anyio.fail_after(60):
+        async with AsyncBatchedCollector(count_envs(4, "threading", gate=gate), frames_per_batch=40, total_frames=40,
+                                         envs_per_worker=2) as c:  # fmt: skip
+            (batch,) = [b async for b in c]
+    check_batch(batch)
+    assert not barrier.broken

@@ -363,7 +363,7 @@ class Collector(
                 # Its env steps outlive a batch, so they need an owner that outlives one too.
                 raise RuntimeError(
                     f"this {type(self).__name__}'s env steps are tasks of its task group (a barrier-free "
-                    "AsyncEnvPool, coroutine envs, several env threads or a coroutine policy); iterate it inside "
+                    "AsyncEnvPool, coroutine envs or a coroutine policy); iterate it inside "
                     "'async with collector:'"
                 )
             rollout.spawn = self._tg.start_soon

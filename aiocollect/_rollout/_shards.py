@@ -3,9 +3,9 @@
 A sharded pool (`SlotPool`, built by `AsyncBatchedCollector`) holds single envs that step in
 shards, each a thread or an env-only process. Three ways to drive them, by what the shards
 allow: one env thread steps on the collector's own thread, taking turns with the policy
-(`_cycle_inline`); env processes are driven from the collector's thread too, which sends each
-free process its rows and waits for whichever answers first (`_cycle_sync`); otherwise (several
-threads, a coroutine policy) one task per shard on the event loop, as follows. The policy
+(`_cycle_inline`); several env threads or env processes are driven from the collector's thread
+too, which sends each free shard its rows and waits for whichever answers first
+(`_cycle_sync`); with a coroutine policy, one task per shard on the event loop, as follows. The policy
 runs, as in `StreamRollout`, on whichever envs are ready; their actions go into the pool's
 ``act`` rows (on the policy's thread) and their ids into their shard's queue. Each shard is
 served by one long-lived task that hands its shard every queued row at once and, when the
@@ -55,7 +55,7 @@ class ShardedStreamRollout(StreamRollout):
                 dst.index_copy_(0, idx, src)
 
     def needs_tasks(self) -> bool:
-        # One env thread, or env processes: the collector's thread drives them, no task needed.
+        # Env threads or processes are driven from the collector's thread: no task needed.
         return self.coro_policy is not None or (self.pool.inline_step is None and self.pool.sync_shards is None)
 
     async def _fill(self, random: bool, run_sync: Callable[..., Awaitable[Any]]) -> None:

@@ -59,9 +59,9 @@ class CentralEnvs:
                     f"{type(envs[0]).__name__}; use env_backend='threading' for gymnasium envs"
                 )
             # One thread by default: envs written in Python hold the GIL while they step, and
-            # threads that pass it back and forth collect slower than one (measured: 64
-            # CartPoles step at 71k frames/s on one thread, 44k on two). Envs that release it
-            # (C simulators, I/O) gain from envs_per_worker < n.
+            # threads that pass it back and forth collect slower than one (64 CartPoles: one
+            # thread 1.1-1.4x two). Envs that release it (C simulators, I/O) gain from
+            # envs_per_worker < n (64 envs sleeping 1 ms per step: 8 threads ~7x one).
             shards = shard_rows(n, self.envs_per_worker, 1)
             threads = ThreadShards(envs, shards, [env_name(e, i) for i, e in enumerate(envs)])
         except BaseException:

@@ -133,6 +133,8 @@ class ProcessShards:
             raise worker_error_from_message(s, self._procs[s].pid, pickle.loads(reply[1:]))
 
     # -- driven from the collector's thread (the barrier-free loop runs there) -------------------
+    drives_sync = True
+
     def send(self, shard: int, rows: np.ndarray) -> None:
         """Start shard ``shard``'s step of ``rows`` (their actions are in the block already)."""
         try:

@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import math
 import os
+import queue
+import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import anyio
+import anyio.to_thread
 import numpy as np
 import torch
 
@@ -121,7 +125,7 @@ class SlotPool(AsyncBatchedEnv):
         #: ``step(rows)`` callable on any thread (one shard of thread-safe envs), else None.
         self.inline_step = getattr(backend, "inline_step", None)
         #: Shards the collector's thread drives itself (send / wait / finish), else None.
-        self.sync_shards = backend if hasattr(backend, "send") else None
+        self.sync_shards = backend if getattr(backend, "drives_sync", False) else None
         self._closed = False
 
     async def _reset_arrays(self, mask: torch.Tensor | None, seeds: Sequence[int] | None) -> dict[NestedKey, Any]:
@@ -197,6 +201,25 @@ class ThreadShards:
             for rows in shards
         ]  # fmt: skip
         self.inline_step = self._shards[0].step if len(shards) == 1 else None
+        # Several shards are driven from the collector's thread (send / wait / finish), each
+        # stepping on a thread of its own; the lanes serve resets and closes.
+        self.drives_sync = len(shards) > 1
+        self._steppers = _Steppers(self._shards) if self.drives_sync else None
+
+    def send(self, shard: int, rows: np.ndarray) -> None:
+        """Start shard ``shard``'s step of ``rows`` on its stepping thread."""
+        assert self._steppers is not None
+        self._steppers.send(shard, rows)
+
+    def wait(self, timeout: float) -> list[int]:
+        """The shards whose step ended, waiting at most ``timeout`` seconds for one."""
+        assert self._steppers is not None
+        return self._steppers.wait(timeout)
+
+    def finish(self, shard: int) -> None:
+        """Raise what shard ``shard``'s step raised, if anything."""
+        assert self._steppers is not None
+        self._steppers.finish(shard)
 
     async def reset(self, seeds: Sequence[int | None] | None) -> None:
         async def one(s: int) -> None:
@@ -213,6 +236,8 @@ class ThreadShards:
     async def aclose(self, timeout: float) -> None:
         error: BaseException | None = None
         with anyio.move_on_after(timeout):
+            if self._steppers is not None:  # no env closes while one of its steps runs
+                await anyio.to_thread.run_sync(self._steppers.stop, timeout, abandon_on_cancel=True)
             for lane, shard in zip(self._lanes, self._shards, strict=True):
                 try:
                     await lane.run_final(shard.close)  # after the step in progress, if any
@@ -225,10 +250,71 @@ class ThreadShards:
             raise error
 
     def close_now(self) -> None:
-        for lane, shard in zip(self._lanes, self._shards, strict=True):
-            if lane.idle:
+        busy = self._steppers.stop(0.0) if self._steppers is not None else set()
+        for s, (lane, shard) in enumerate(zip(self._lanes, self._shards, strict=True)):
+            if lane.idle and s not in busy:
                 shard.close()
             lane.close()
+
+
+class _Steppers:
+    """One daemon thread per shard stepping the rows it is sent; ends are reported on one queue."""
+
+    def __init__(self, shards: list[EnvShard]) -> None:
+        self._shards = shards
+        self._jobs: list[queue.SimpleQueue[np.ndarray | None]] = [queue.SimpleQueue() for _ in shards]
+        self._ended: queue.SimpleQueue[tuple[int, BaseException | None]] = queue.SimpleQueue()
+        self._errors: list[BaseException | None] = [None] * len(shards)
+        self._threads: list[threading.Thread | None] = [None] * len(shards)
+
+    def _serve(self, s: int) -> None:
+        shard, jobs = self._shards[s], self._jobs[s]
+        while (rows := jobs.get()) is not None:
+            error: BaseException | None = None
+            try:
+                shard.step(rows)
+            except BaseException as exc:  # raised by finish() on the collector's thread
+                error = exc
+            self._ended.put((s, error))
+
+    def send(self, s: int, rows: np.ndarray) -> None:
+        thread = self._threads[s]
+        if thread is None:
+            thread = self._threads[s] = threading.Thread(
+                target=self._serve, args=(s,), name=f"aiocollect env shard {s} steps", daemon=True
+            )
+            thread.start()
+        self._jobs[s].put(rows)
+
+    def wait(self, timeout: float) -> list[int]:
+        try:
+            ended = [self._ended.get(timeout=timeout)]
+        except queue.Empty:
+            return []
+        while True:
+            try:
+                ended.append(self._ended.get_nowait())
+            except queue.Empty:
+                break
+        for s, error in ended:
+            self._errors[s] = error
+        return [s for s, _ in ended]
+
+    def finish(self, s: int) -> None:
+        error, self._errors[s] = self._errors[s], None
+        if error is not None:
+            raise error
+
+    def stop(self, timeout: float) -> set[int]:
+        """End the threads (after the step each may be running, for at most ``timeout`` s in all);
+        returns the shards still stepping."""
+        for jobs in self._jobs:
+            jobs.put(None)
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            if thread is not None:
+                thread.join(max(0.0, deadline - time.monotonic()))
+        return {s for s, t in enumerate(self._threads) if t is not None and t.is_alive()}
 
 
 def allocate_slots(spec: EnvSpec, make: Callable[..., Any] | None = None) -> SlotArrays:
