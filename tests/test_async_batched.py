@@ -626,3 +626,23 @@ async def test_env_threads_step_at_the_same_time() -> None:
             (batch,) = [b async for b in c]
     check_batch(batch)
     assert not barrier.broken
+
+
+async def test_the_slot_pool_also_steps_lock_step() -> None:
+    # The AsyncBatchedEnv protocol's own reset/step (what the collector's rollout does not use).
+    import numpy as np
+    from tensordict import TensorDict
+
+    from aiocollect._serve._slots import SlotPool, ThreadShards
+
+    envs = [CountEnv(i) for i in range(3)]
+    threads = ThreadShards(envs, [np.array([0, 1]), np.array([2])], ["a", "b", "c"])
+    pool = SlotPool(threads, threads.spec, min_ready=1, max_ready=None, max_wait=None)
+    with anyio.fail_after(30):
+        td = await pool.reset()
+        assert td["observation"].tolist() == [[0, 0], [1, 0], [2, 0]]
+        out = await pool.step(TensorDict(action=torch.tensor([1, 0, 1]), batch_size=[3]))
+        assert out["observation"].tolist() == [[0, 1], [1, 1], [2, 1]]
+        assert out["reward"].tolist() == [1.0, 0.0, 1.0]
+        await pool.aclose()
+    assert all(env.closed for env in envs)
