@@ -156,6 +156,7 @@ class DataCollectorBase:
         self._portal = Portal(f"{cls.__module__}.{cls.__qualname__}", f"aiocollect.{self._async_class.__qualname__}")
         self._context: Any = None
         self._opened_by_start = False
+        self._opened_by_iteration = False  # plain iteration opened the collector (see __next__)
         # As TorchRL's constructors do, build the envs and policy (and start the workers) now:
         # a script sees a bad env or policy at construction, and `env`/`policy` are there to read.
         try:
@@ -196,14 +197,14 @@ class DataCollectorBase:
         try:
             batch = self._portal.call(_anext_or_end, self._async)
         except BaseException as exc:
-            if getattr(self, "_opened_by_iteration", False):
+            if self._opened_by_iteration:
                 self._opened_by_iteration = False
                 self.__exit__(type(exc), exc, exc.__traceback__)
             elif self._context is None:  # plain iteration: nothing else will clean up
                 self.shutdown()
             raise
         if batch is _END:
-            if getattr(self, "_opened_by_iteration", False):
+            if self._opened_by_iteration:
                 self._opened_by_iteration = False
                 self.__exit__(None, None, None)
             else:
@@ -261,7 +262,7 @@ class DataCollectorBase:
             if self._portal.running:
                 self._portal.call(self._async.async_shutdown, interruptible=False)
         finally:
-            if self._opened_by_start or getattr(self, "_opened_by_iteration", False):
+            if self._opened_by_start or self._opened_by_iteration:
                 self._opened_by_start = self._opened_by_iteration = False
                 self.__exit__(None, None, None)
 

@@ -284,3 +284,15 @@ def warn_user(message: str, category: type[Warning]) -> None:
             last = level  # the outermost aiocollect frame so far
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level if frame is not None else last)
+
+
+def note_once(exc: BaseException, note: str) -> None:
+    """Add ``note`` to ``exc`` (once): ``except`` clauses still see the exception's own type.
+
+    On Python 3.10, which has no notes, the note is appended to a string message instead.
+    """
+    if hasattr(exc, "add_note"):  # Python 3.11+
+        if note not in getattr(exc, "__notes__", ()):
+            exc.add_note(note)
+    elif exc.args and isinstance(exc.args[0], str) and note not in exc.args[0]:  # pragma: no cover - 3.10
+        exc.args = (f"{exc.args[0]} ({note})", *exc.args[1:])

@@ -18,7 +18,16 @@ from .._core._errors import EnvOutputError
 from ._base import obs_label, output_shape_error
 from ._specs import ArraySpec, NestedKey
 
-__all__ = ["Leaf", "Source", "flatten_space", "obs_shape_error", "to_gym_action", "write_obs", "write_row"]
+__all__ = [
+    "Leaf",
+    "Source",
+    "fast_row_writer",
+    "flatten_space",
+    "obs_shape_error",
+    "to_gym_action",
+    "write_obs",
+    "write_row",
+]
 
 
 @dataclass
@@ -240,3 +249,27 @@ def _finalize(node: Any) -> Any:
         if node and all(isinstance(k, int) for k in node):
             return tuple(node[i] for i in range(len(node)))
     return node
+
+
+def fast_row_writer(leaves: list[Leaf], out: dict[NestedKey, torch.Tensor]) -> Callable[[int, Any], bool] | None:
+    """For the common observation (one Box array): ``dst[i] = obs`` through numpy, or False to decline.
+
+    Anything else (nested spaces, Discrete values, a wrong shape, which the general path
+    reports naming the env) goes through `write_row`; so does a dtype numpy lacks (bfloat16).
+    """
+    if len(leaves) != 1 or leaves[0].path != () or leaves[0].spec.kind != "box":
+        return None
+    try:
+        dst = out[leaves[0].key].numpy()
+    except TypeError:
+        return None
+    shape = leaves[0].spec.shape  # tuple(space.shape) of the Box space
+    ndarray = np.ndarray
+
+    def write(i: int, obs: Any) -> bool:
+        if type(obs) is not ndarray or obs.shape != shape:
+            return False
+        dst[i] = obs
+        return True
+
+    return write

@@ -7,21 +7,20 @@ is per batch step.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import anyio
-import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._core._errors import EnvTimeoutError
+from .._core._errors import EnvTimeoutError, note_once
 from .._core._validate import check_int
 from . import _gcfreeze
 from ._base import AsyncBatchedEnv, StepArrays
 from ._gather import each
-from ._gym_spaces import Leaf, Source, flatten_space, to_gym_action, write_row
+from ._gym_spaces import Source, fast_row_writer, flatten_space, to_gym_action, write_row
 from ._specs import EnvSpec, NestedKey
 
 __all__ = ["AsyncEnv", "AsyncEnvPool", "PoolCounters"]
@@ -156,7 +155,7 @@ class AsyncEnvPool(AsyncBatchedEnv):
         self._trunc = torch.zeros(n, dtype=torch.bool)
         # The hot path writes numpy views of these: a fraction of the cost of torch indexing.
         self._flags_np = (self._reward.numpy(), self._term.numpy(), self._trunc.numpy())
-        self._row_writer = _fast_row_writer(self._obs_leaves, self._obs)
+        self._row_writer = fast_row_writer(self._obs_leaves, self._obs)
         self._single_action = len(self._act_leaves) == 1 and self._act_leaves[0].path == ()
         self._limit = None if max_concurrency is None or max_concurrency >= n else anyio.Semaphore(max_concurrency)
         self._timeout, self._on_timeout, self._on_error = step_timeout, on_timeout, on_error
@@ -288,33 +287,7 @@ class AsyncEnvPool(AsyncBatchedEnv):
 
 def _name(exc: BaseException, i: int, method: str) -> None:
     """Say which env raised; ``except`` clauses still see the env's own exception type."""
-    note = f"raised by AsyncEnvPool env {i} in {method}"
-    if hasattr(exc, "add_note"):  # Python 3.11+
-        if note not in getattr(exc, "__notes__", ()):
-            exc.add_note(note)
-    elif exc.args and isinstance(exc.args[0], str) and note not in exc.args[0]:  # pragma: no cover - 3.10
-        exc.args = (f"{exc.args[0]} ({note})", *exc.args[1:])
-
-
-def _fast_row_writer(leaves: list[Leaf], out: dict[NestedKey, torch.Tensor]) -> Callable[[int, Any], bool] | None:
-    """For the common observation (one Box array): ``dst[i] = obs``, or False to decline.
-
-    Anything else (nested spaces, Discrete values, a wrong shape, which the general path
-    reports naming the env) goes through `write_row`.
-    """
-    if len(leaves) != 1 or leaves[0].path != () or leaves[0].spec.kind != "box":
-        return None
-    dst = out[leaves[0].key].numpy()
-    shape = leaves[0].spec.shape  # tuple(space.shape) of the Box space
-    ndarray = np.ndarray
-
-    def write(i: int, obs: Any) -> bool:
-        if type(obs) is not ndarray or obs.shape != shape:
-            return False
-        dst[i] = obs
-        return True
-
-    return write
+    note_once(exc, f"raised by AsyncEnvPool env {i} in {method}")
 
 
 def _is_coro_fn(fn: Any) -> bool:

@@ -24,7 +24,7 @@ import anyio
 import numpy as np
 import torch
 
-from .._core._errors import InferenceError
+from .._core._errors import InferenceError, note_once
 
 __all__ = ["CoroutinePolicy", "act_now", "fill_with_coroutine_policy", "is_coroutine_policy"]
 
@@ -137,7 +137,7 @@ async def _act_one(rollout: Any, i: int) -> None:
         started = True
         rollout._dispatch_one(i, action)  # the step's task (or shard queue) takes over the in-flight count
     except Exception as exc:
-        _note(exc, i)
+        note_once(exc, f"raised by the coroutine policy for env {i}")
         if rollout.error is None:
             rollout.error = exc
     finally:
@@ -189,9 +189,3 @@ def _action_of(answer: Any, rollout: Any, i: int) -> dict[Any, torch.Tensor]:
             )
         out[k] = value.to(spec.dtype)
     return out
-
-
-def _note(exc: BaseException, i: int) -> None:
-    note = f"raised by the coroutine policy for env {i}"
-    if hasattr(exc, "add_note") and note not in getattr(exc, "__notes__", ()):
-        exc.add_note(note)

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._envs._gym_spaces import Leaf, Source, to_gym_action, write_row
+from .._core._errors import note_once
+from .._envs._gym_spaces import Leaf, Source, fast_row_writer, to_gym_action, write_row
 from .._envs._specs import NestedKey
 
 __all__ = ["EnvShard", "SlotArrays", "build_env", "check_single_env", "is_coroutine_env", "slot_layout"]
@@ -77,7 +78,7 @@ class EnvShard:
         self._batched_actions = single
         self._discrete = single and act_leaves[0].spec.kind == "discrete"
         self._src = {i: Source(name, "observation_space") for i, name in names.items()}
-        self._fast = _fast_writers(obs_leaves, self.obs), _fast_writers(obs_leaves, self.reset_obs)
+        self._fast = fast_row_writer(obs_leaves, self.obs), fast_row_writer(obs_leaves, self.reset_obs)
 
     def reset(self, rows: Sequence[int], seeds: Sequence[int | None] | None = None) -> None:
         """Reset the envs of ``rows`` (optionally seeded); their observations land in ``obs``."""
@@ -86,7 +87,7 @@ class EnvShard:
             try:
                 obs, _ = self.envs[i].reset(seed=seed)
             except Exception as exc:
-                _note(exc, self.names[i], "reset()")
+                note_once(exc, f"raised by env {self.names[i]} in reset()")
                 raise
             self._write(self._fast[0], self.obs, i, obs, "reset()")
 
@@ -106,7 +107,7 @@ class EnvShard:
                     obs, _ = env.reset()
                     self._write(write_reset, self.reset_obs, i, obs, "reset()")
             except Exception as exc:
-                _note(exc, self.names[i], "step()")
+                note_once(exc, f"raised by env {self.names[i]} in step()")
                 raise
 
     def close(self) -> None:
@@ -130,34 +131,6 @@ class EnvShard:
                obs: Any, method: str) -> None:  # fmt: skip
         if fast is None or not fast(i, obs):
             write_row(self.obs_leaves, obs, out, i, self._src[i], method)
-
-
-def _fast_writers(leaves: list[Leaf], out: dict[NestedKey, torch.Tensor]) -> Callable[[int, Any], bool] | None:
-    """For one Box observation: ``dst[i] = obs`` through numpy, or False to take the checked path."""
-    if len(leaves) != 1 or leaves[0].path != () or leaves[0].spec.kind != "box":
-        return None
-    try:
-        dst = out[leaves[0].key].numpy()
-    except TypeError:  # a dtype numpy lacks (bfloat16)
-        return None
-    shape, ndarray = leaves[0].spec.shape, np.ndarray
-
-    def write(i: int, obs: Any) -> bool:
-        if type(obs) is not ndarray or obs.shape != shape:
-            return False
-        dst[i] = obs
-        return True
-
-    return write
-
-
-def _note(exc: BaseException, name: str, method: str) -> None:
-    note = f"raised by env {name} in {method}"
-    if hasattr(exc, "add_note"):
-        if note not in getattr(exc, "__notes__", ()):
-            exc.add_note(note)
-    elif exc.args and isinstance(exc.args[0], str) and note not in exc.args[0]:  # pragma: no cover - 3.10
-        exc.args = (f"{exc.args[0]} ({note})", *exc.args[1:])
 
 
 def build_env(fn: Any, kwargs: dict[str, Any]) -> Any:
