@@ -15,8 +15,10 @@ Workloads (the benchmarks' 64-64 MLP unless said):
   each with its own copy, one core each).
 * ``coroutine``: 256 CartPoles (one env thread) whose policy is a coroutine function, a client
   of a loopback model server (another process, one TCP connection per env) that answers each
-  request 20 ms after it arrives. The server's capacity is 256 requests per 20 ms, 12,800
-  frames/s: the row reports its share of it.
+  request 20 ms after it arrives. The server's nominal capacity is 256 requests per 20 ms,
+  12,800 frames/s; what a client can get from it here is measured too: 256 asyncio tasks that
+  only send requests (the same client, no envs, no collector). Rows report their share of
+  both. The collector also runs with ``gc_freeze=False`` (see ``docs/central-inference.md``).
 
 Each row runs in a fresh interpreter (the harness's fresh-process runner), collects a warm-up
 batch, then times ``--batches`` batches; frames/s is the median of ``--repeats`` runs. Ratios are to
@@ -50,6 +52,7 @@ from _harness import Col, log
 from torch import nn
 
 N_ENVS = 64
+BARE_CLIENT = "bare asyncio client (256 tasks, no envs)"
 
 
 class HeavyPolicy(nn.Module):
@@ -92,7 +95,7 @@ def run_row(row: str, workload: str, fpb: int, batches: int) -> float:
         vec = functools.partial(wl.make_vec, "CartPole-v1", N_ENVS)
         return _time_iter(wl.bare_loop(vec, policy, fpb, total), batches, lambda b: b["observation"][..., 0].numel())
     if workload == "coroutine":
-        return run_coroutine_row(fpb, batches)
+        return run_coroutine_row(row, fpb, batches)
     if row.startswith("aiocollect"):
         from aiocollect.blocking import AsyncBatchedCollector, Collector, MultiSyncCollector
 
@@ -141,30 +144,65 @@ ROWS = {
     ],
     "coroutine": [
         "aiocollect AsyncBatchedCollector (coroutine policy, 256 envs)",
+        "aiocollect AsyncBatchedCollector (coroutine policy, 256 envs, gc_freeze=False)",
+        BARE_CLIENT,
     ],
 }
 SERVER_DELAY = 0.020
 CORO_ENVS = 256
-USE_UVLOOP = False  # set per row
 
 
 def serve_model(port_file: str) -> None:
-    """The loopback model server (its own process): each request line is answered 20 ms after it arrives."""
-    import asyncio
+    """The loopback model server (its own process): answers each request 20 ms after it arrives.
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        loop = asyncio.get_running_loop()
-        while line := await reader.readline():
-            action = b"1\n" if float(line.split()[2]) > 0 else b"0\n"  # push the pole the way it leans
-            loop.call_later(SERVER_DELAY, writer.write, action)
+    Requests are queued as they arrive; one task answers, in arrival order, every request that
+    is due, in one pass per wake-up (a batched model would answer a batch at once). It runs on
+    uvloop when that is installed: the server stands for a model with a fixed 20 ms latency, so
+    its own loop overhead should add as little as possible to it.
+    """
+    import asyncio
+    from collections import deque
 
     async def main() -> None:
+        loop = asyncio.get_running_loop()
+        due: deque[tuple[float, asyncio.StreamWriter, bytes]] = deque()
+        wake = asyncio.Event()
+
+        async def answer() -> None:
+            while True:
+                if not due:
+                    wake.clear()
+                    await wake.wait()
+                    continue
+                now = loop.time()
+                if due[0][0] > now:
+                    await asyncio.sleep(due[0][0] - now)
+                    continue
+                while due and due[0][0] <= now:
+                    _, writer, action = due.popleft()
+                    writer.write(action)
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while line := await reader.readline():
+                action = b"1\n" if float(line.split()[2]) > 0 else b"0\n"  # push the pole the way it leans
+                due.append((loop.time() + SERVER_DELAY, writer, action))
+                wake.set()
+
+        answering = asyncio.create_task(answer())
         server = await asyncio.start_server(handle, "127.0.0.1", 0, backlog=1024)
         port = str(server.sockets[0].getsockname()[1])
         await asyncio.to_thread(Path(port_file).write_text, port)
-        await server.serve_forever()
+        try:
+            await server.serve_forever()
+        finally:
+            answering.cancel()
 
-    asyncio.run(main())
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main())
+    else:
+        uvloop.run(main())
 
 
 class ModelClient:
@@ -185,7 +223,31 @@ class ModelClient:
         return torch.tensor(int(await conn[0].readline()))
 
 
-def run_coroutine_row(fpb: int, batches: int) -> float:
+async def bare_client(port: int, seconds: float) -> float:
+    """What the server gives 256 asyncio tasks that only ask it (no envs, no collector): requests/s."""
+    import asyncio
+
+    client, count, stop = ModelClient(port), [0], asyncio.Event()
+    obs = torch.tensor([0.0, 0.0, 0.01, 0.0])
+
+    async def one(env: int) -> None:
+        td = {"observation": obs, ("collector", "env_id"): torch.tensor(env)}
+        await asyncio.sleep(env * SERVER_DELAY / CORO_ENVS)  # spread out, as envs that step are
+        while not stop.is_set():
+            await client(td)
+            count[0] += 1
+
+    tasks = [asyncio.create_task(one(i)) for i in range(CORO_ENVS)]
+    await asyncio.sleep(1.0)  # connected and in step
+    start, first = time.perf_counter(), count[0]
+    await asyncio.sleep(seconds)
+    rate = (count[0] - first) / (time.perf_counter() - start)
+    stop.set()
+    await asyncio.gather(*tasks)
+    return rate
+
+
+def run_coroutine_row(row: str, fpb: int, batches: int) -> float:
     import tempfile
 
     import anyio
@@ -197,12 +259,16 @@ def run_coroutine_row(fpb: int, batches: int) -> float:
     try:
         while not (os.path.exists(port_file) and open(port_file).read()):
             time.sleep(0.01)
-        client = ModelClient(int(open(port_file).read()))
+        port = int(open(port_file).read())
+        if row == BARE_CLIENT:
+            return anyio.run(bare_client, port, fpb * batches / (0.9 * CORO_ENVS / SERVER_DELAY))
+        client = ModelClient(port)
         make = functools.partial(wl.make_env, "CartPole-v1")
+        gc_freeze = False if "gc_freeze=False" in row else None
 
         async def main() -> float:
             async with AsyncBatchedCollector([make] * CORO_ENVS, policy=client, frames_per_batch=fpb,
-                                             total_frames=fpb * (batches + 1)) as c:  # fmt: skip
+                                             total_frames=fpb * (batches + 1), gc_freeze=gc_freeze) as c:  # fmt: skip
                 it = aiter(c)
                 await anext(it)
                 start, frames = time.perf_counter(), 0
@@ -210,7 +276,7 @@ def run_coroutine_row(fpb: int, batches: int) -> float:
                     frames += b.numel()
                 return frames / (time.perf_counter() - start)
 
-        return anyio.run(main, backend_options={"use_uvloop": USE_UVLOOP})
+        return anyio.run(main)
     finally:
         server.kill()
         server.wait()
@@ -230,12 +296,15 @@ TARGETS = {  # (row, reference row, least ratio): the issue's targets
             1.5,
         ),
     ],
-    "coroutine": [("aiocollect AsyncBatchedCollector (coroutine policy, 256 envs)", "capacity", 0.9)],
+    "coroutine": [
+        ("aiocollect AsyncBatchedCollector (coroutine policy, 256 envs)", "capacity", 0.9),
+        ("aiocollect AsyncBatchedCollector (coroutine policy, 256 envs)", BARE_CLIENT, 0.9),
+    ],
 }
 REFS = {
     "cartpole64": ["TorchRL AsyncBatchedCollector (threading)", "aiocollect Collector (in-process)", "bare loop"],
     "heavy": ["aiocollect MultiSyncCollector (2 workers)"],
-    "coroutine": ["capacity"],
+    "coroutine": ["capacity", BARE_CLIENT],
 }
 
 

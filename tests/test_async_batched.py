@@ -309,6 +309,7 @@ def test_the_blocking_twin_collects() -> None:
         ({"frames_per_batch": 0}, ValueError, "frames_per_batch"),
         ({"yield_completed_trajectories": True, "set_truncated": True}, ValueError, "drop one of them"),
         ({"policy_timeout": 1.0}, ValueError, "policy_timeout applies to coroutine policies"),
+        ({"gc_freeze": "yes"}, TypeError, "gc_freeze must be True, False or None, got 'yes'"),
     ],
 )
 def test_bad_arguments_fail_before_anything_is_built(kwargs: dict[str, Any], error: type, match: str) -> None:
@@ -322,6 +323,33 @@ def test_bad_arguments_fail_before_anything_is_built(kwargs: dict[str, Any], err
     with pytest.raises(error, match=match):
         AsyncBatchedCollector(args.pop("create_env_fn"), **args)
     assert not built
+
+
+@pytest.mark.parametrize(
+    ("env_backend", "n", "gc_freeze", "frozen"),
+    [
+        ("threading", 256, None, True),
+        ("threading", 4, None, False),
+        ("threading", 256, False, False),
+        ("multiprocessing", 4, True, True),
+        ("coroutine", 256, None, True),
+        ("coroutine", 4, False, False),
+    ],
+)
+async def test_gc_freeze_holds_while_collecting_and_ends_at_close(
+    env_backend: str, n: int, gc_freeze: bool | None, frozen: bool
+) -> None:
+    import gc
+
+    assert gc.get_freeze_count() == 0
+    seen = []
+    with anyio.fail_after(60):
+        async with AsyncBatchedCollector(count_envs(n, env_backend), frames_per_batch=n, total_frames=2 * n,
+                                         env_backend=env_backend, gc_freeze=gc_freeze) as c:  # fmt: skip
+            async for _ in c:
+                seen.append(gc.get_freeze_count() > 0)
+    assert seen == [frozen, frozen]
+    assert gc.get_freeze_count() == 0  # undone when the collector closed
 
 
 @pytest.mark.parametrize(

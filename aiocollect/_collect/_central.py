@@ -86,6 +86,12 @@ class AsyncBatchedCollector(Collector):
             this many coroutine-env steps; ``None``: no limit.
         policy_timeout: Seconds one coroutine-policy call may take (`InferenceError` naming
             the env after that); ``None``: no limit.
+        gc_freeze: Keep Python's cyclic garbage collector off the objects that exist when
+            collection starts, until the collector closes (``gc.freeze()``, counted and undone
+            as for `AsyncEnvPool`): full collections otherwise scan every object of the
+            process (~300k with torch) and stall the event loop for ~100 ms each, several
+            times a second when each env step makes tasks (coroutine policies or envs).
+            ``None`` (default): on for 256 envs or more.
 
     Raises:
         TypeError, ValueError: A bad argument, before anything is built.
@@ -132,6 +138,7 @@ class AsyncBatchedCollector(Collector):
         start_method: str | None = None,
         max_concurrency: int | None = None,
         policy_timeout: float | None = None,
+        gc_freeze: bool | None = None,
     ) -> None:
         fns = _check_fns(create_env_fn)
         n = len(fns)
@@ -161,6 +168,8 @@ class AsyncBatchedCollector(Collector):
                 raise ValueError(f"start_method must be 'forkserver' or 'spawn', got {start_method!r}")
         if policy_timeout is not None:
             check_seconds("policy_timeout", policy_timeout)
+        if gc_freeze is not None and not isinstance(gc_freeze, bool):
+            raise TypeError(f"gc_freeze must be True, False or None, got {gc_freeze!r}")
         if not isinstance(yield_completed_trajectories, bool):
             raise TypeError(f"yield_completed_trajectories must be True or False, got {yield_completed_trajectories!r}")
         if yield_completed_trajectories and set_truncated:
@@ -179,7 +188,7 @@ class AsyncBatchedCollector(Collector):
             self._alias_keys.append((policy_version_key, ("collector", "policy_version")))
         self._central = CentralEnvs(
             fns, _check_kwargs(create_env_kwargs, n), chosen, envs_per_worker, min_ready=min_b, max_ready=max_b,
-            max_wait=timeout, start_method=start_method, max_concurrency=max_concurrency,
+            max_wait=timeout, start_method=start_method, max_concurrency=max_concurrency, gc_freeze=gc_freeze,
         )  # fmt: skip
         self.max_batch_size, self.min_batch_size, self.server_timeout = max_b, min_b, timeout
         self.env_backend = chosen

@@ -26,7 +26,7 @@ import torch
 
 from .._core._errors import InferenceError, note_once
 
-__all__ = ["CoroutinePolicy", "act_now", "fill_with_coroutine_policy", "is_coroutine_policy"]
+__all__ = ["CoroutinePolicy", "act_now", "fill_with_coroutine_policy", "is_coroutine_policy", "put_row"]
 
 
 def is_coroutine_policy(policy: Any) -> bool:
@@ -127,11 +127,11 @@ async def _act_one(rollout: Any, i: int) -> None:
             obs[k] = torch.from_numpy(v[i].copy()) if isinstance(v, np.ndarray) else v[i].clone()
         # With the env's index, for clients that keep a session per env (built without
         # TensorDict's checks: these entries are unbatched tensors by construction).
-        request = _request(obs, torch.tensor(i))
+        request = _request(obs, torch.scalar_tensor(i, dtype=torch.int64))
         answer = await policy.call(request, i)
         action = _action_of(answer, rollout, i)
         for k, a in action.items():
-            pend[k][i] = a.numpy() if isinstance(pend[k], np.ndarray) else a
+            put_row(pend[k], i, a)
         rollout.pend_version[i] = policy.version
         rollout.pend_traj[i] = rollout.traj[i]
         started = True
@@ -148,6 +148,16 @@ async def _act_one(rollout: Any, i: int) -> None:
 
 
 _SCALAR = torch.Size([])
+
+
+def put_row(dst: Any, i: int, a: torch.Tensor) -> None:
+    """``dst[i] = a`` for a numpy array (or a tensor, for dtypes numpy lacks) and one env's action."""
+    if not isinstance(dst, np.ndarray):
+        dst[i] = a
+    elif a.ndim:
+        dst[i] = a.numpy()
+    else:  # a scalar action (discrete spaces): no array round trip
+        dst[i] = a.item()
 
 
 def _request(obs: dict[Any, torch.Tensor], env_id: torch.Tensor) -> Any:

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from .._envs._specs import NestedKey
+from ._coro import put_row
 from ._stream import ENV_ID, TRAJ, VERSION, StreamRollout
 
 __all__ = ["ShardedStreamRollout"]
@@ -101,8 +102,7 @@ class ShardedStreamRollout(StreamRollout):
 
     def _dispatch_one(self, i: int, action: dict[NestedKey, torch.Tensor]) -> None:
         for k, dst in self._act_np.items():
-            a = action[k]
-            dst[i] = a.numpy() if isinstance(dst, np.ndarray) else a
+            put_row(dst, i, action[k])
         self._start_shards()
         s = int(self.pool.shard_of[i])
         self.pending[s].append(i)

@@ -35,6 +35,7 @@ class CentralEnvs:
     max_wait: float | None
     start_method: str | None = None
     max_concurrency: int | None = None
+    gc_freeze: bool | None = None
 
     def __call__(self) -> Any:
         n = len(self.fns)
@@ -44,7 +45,7 @@ class CentralEnvs:
             shards = shard_rows(n, self.envs_per_worker, default_shard_count())
             procs = ProcessShards(self.fns, self.kwargs, shards, self.start_method)
             return SlotPool(procs, procs.spec, min_ready=self.min_ready, max_ready=self.max_ready,
-                            max_wait=self.max_wait)  # fmt: skip
+                            max_wait=self.max_wait, gc_freeze=self.gc_freeze)  # fmt: skip
         envs: list[Any] = []
         try:
             for i, (fn, kw) in enumerate(zip(self.fns, self.kwargs, strict=True)):
@@ -68,7 +69,7 @@ class CentralEnvs:
             _close_all(envs)
             raise
         return SlotPool(threads, threads.spec, min_ready=self.min_ready, max_ready=self.max_ready,
-                        max_wait=self.max_wait)  # fmt: skip
+                        max_wait=self.max_wait, gc_freeze=self.gc_freeze)  # fmt: skip
 
     def _coroutine_pool(self, envs: list[Any], coroutine: list[bool]) -> AsyncEnvPool:
         if not all(coroutine):
@@ -78,7 +79,7 @@ class CentralEnvs:
                 "make every env a coroutine env, or none"
             )
         pool = AsyncEnvPool(envs, min_ready=self.min_ready, max_wait=self.max_wait,
-                            max_concurrency=self.max_concurrency)  # fmt: skip
+                            max_concurrency=self.max_concurrency, gc_freeze=self.gc_freeze)  # fmt: skip
         pool.max_ready = self.max_ready  # type: ignore[attr-defined]  # read by the barrier-free rollout
         return pool
 

@@ -26,9 +26,10 @@ import numpy as np
 import torch
 
 from .._core._threads import ThreadLane
+from .._envs import _gcfreeze
 from .._envs._base import AsyncBatchedEnv
 from .._envs._gym_spaces import Leaf, flatten_space
-from .._envs._pool import PoolCounters
+from .._envs._pool import GC_FREEZE_MIN_ENVS, PoolCounters
 from .._envs._specs import EnvSpec, NestedKey
 from .._rollout._shards import ShardedStreamRollout
 from ._shard import EnvShard, SlotArrays, slot_layout
@@ -104,12 +105,21 @@ class SlotPool(AsyncBatchedEnv):
         min_ready: The policy runs when this many envs are ready (or ``max_wait`` after the first).
         max_ready: At most this many envs per policy call.
         max_wait: Seconds to wait for ``min_ready`` envs; ``None``: no limit.
+        gc_freeze: Freeze the cyclic garbage collector from the first reset to `close`
+            (`AsyncEnvPool`'s ``gc_freeze``); ``None``: for pools of at least 256 envs.
     """
 
     rollout_class = ShardedStreamRollout
 
     def __init__(
-        self, backend: ShardBackend, spec: EnvSpec, *, min_ready: int, max_ready: int | None, max_wait: float | None
+        self,
+        backend: ShardBackend,
+        spec: EnvSpec,
+        *,
+        min_ready: int,
+        max_ready: int | None,
+        max_wait: float | None,
+        gc_freeze: bool | None = None,
     ) -> None:
         self.backend, self.spec = backend, spec
         self.min_ready, self.max_ready, self.max_wait = min_ready, max_ready, max_wait
@@ -127,10 +137,15 @@ class SlotPool(AsyncBatchedEnv):
         #: Shards the collector's thread drives itself (send / wait / finish), else None.
         self.sync_shards = backend if getattr(backend, "drives_sync", False) else None
         self._closed = False
+        self.gc_freeze = spec.numel >= GC_FREEZE_MIN_ENVS if gc_freeze is None else gc_freeze
+        self._gc_held = False
 
     async def _reset_arrays(self, mask: torch.Tensor | None, seeds: Sequence[int] | None) -> dict[NestedKey, Any]:
         if mask is not None and not bool(mask.all()):
             raise NotImplementedError("a SlotPool resets all its envs at once (the rollout resets the rest itself)")
+        if self.gc_freeze and not self._gc_held:
+            _gcfreeze.hold()
+            self._gc_held = True
         await self.backend.reset(None if seeds is None else [int(s) for s in seeds])
         return self._obs
 
@@ -169,13 +184,24 @@ class SlotPool(AsyncBatchedEnv):
         if self._closed:
             return
         self._closed = True
-        await self.backend.aclose(self.cancel_grace)
+        try:
+            await self.backend.aclose(self.cancel_grace)
+        finally:
+            self._release_gc()
 
     def close(self) -> None:
         """Close at once, without waiting (threads still busy are abandoned; processes killed)."""
         if not self._closed:
             self._closed = True
-            self.backend.close_now()
+            try:
+                self.backend.close_now()
+            finally:
+                self._release_gc()
+
+    def _release_gc(self) -> None:
+        if self._gc_held:
+            self._gc_held = False
+            _gcfreeze.release()
 
 
 class ThreadShards:
