@@ -151,8 +151,13 @@ class _GymSingle(_GymBase):
         return self._reset_obs
 
     def _step_arrays(self, action: dict[NestedKey, Any], out: StepOut | None = None) -> StepArrays:
-        obs, reward, term, trunc, _ = self.env.step(self._gym_action(action, single=True))
-        if out is not None and self._plain_obs and getattr(obs, "shape", None) == self._plain_shape:
+        a = action.get(self._act_key) if self._act_int else None
+        if type(a) is np.ndarray and a.dtype == self._act_dtype:
+            a = int(a)  # a discrete action as the fused loop hands it over (the common case)
+        else:
+            a = self._gym_action(action, single=True)
+        obs, reward, term, trunc, _ = self.env.step(a)
+        if out is not None and type(obs) is np.ndarray and obs.shape == self._plain_shape and self._plain_obs:
             # One plain array of the promised shape: numpy writes straight into the
             # collector's storage (a fraction of the cost of torch ops on 0-d tensors).
             out.next_obs_np[self._obs_key][...] = obs
@@ -160,7 +165,8 @@ class _GymSingle(_GymBase):
             rew[()] = float(reward)
             te, tr = bool(term), bool(trunc)
             term_dst[()], trunc_dst[()], done[()] = te, tr, te or tr
-            return out.next_obs, out.flags[0], out.flags[1], out.flags[2]
+            flags = out.flags
+            return out.next_obs, flags[0], flags[1], flags[2]
         dst = self._obs if out is None else out.next_obs
         write_obs(self._obs_leaves, obs, dst, self._src, "step()")
         return (
@@ -183,6 +189,7 @@ class _GymVector(_GymBase):
         self._auto_reset = np.zeros(env.num_envs, dtype=np.bool_)
         self._no_rows = bytes(env.num_envs)  # a row mask's bytes when no row is selected
         self._stashed = False  # this step copied every row's next observation into _reset_obs
+        self._ended: np.ndarray | None = None  # the rows gymnasium reset in this step (_step_into)
 
     def _reset_arrays(self, mask: Any, seeds: Sequence[int] | None) -> dict[NestedKey, torch.Tensor]:
         seed = None if seeds is None else [int(s) for s in seeds]
@@ -209,7 +216,7 @@ class _GymVector(_GymBase):
         return self._reset_obs
 
     def _step_arrays(self, action: dict[NestedKey, Any], out: StepOut | None = None) -> StepArrays:
-        self._stashed = False
+        self._stashed, self._ended = False, None
         obs, reward, term, trunc, info = self.env.step(self._gym_action(action, single=False))
         if isinstance(out, StepOut) and self._plain_obs:
             return self._step_into(out, obs, reward, term, trunc, info)
@@ -232,6 +239,22 @@ class _GymVector(_GymBase):
             for i in np.flatnonzero(self._auto_reset):
                 write_row(self._obs_leaves, info["final_obs"][i], dst, int(i), self._src, "step()", _final(i))
         return dst, torch.from_numpy(reward), torch.from_numpy(term), torch.from_numpy(trunc)
+
+    def _autoreset_rows(self, done: np.ndarray) -> np.ndarray | None:
+        """`_reset_arrays(done)` for the fused loop, when the step just taken already did it.
+
+        In SAME_STEP mode gymnasium resets exactly the rows that ended, and `_step_into` then
+        stashed every row's next input in ``_reset_obs``: this does `_reset_arrays`'
+        bookkeeping and returns those rows (the caller takes ``_reset_obs`` whole). ``None``
+        when that is not the case (``done`` holds other rows, or the step took another path):
+        call `_reset_arrays`.
+        """
+        ended = self._ended
+        if ended is None or done.tobytes() != self._auto_reset.tobytes():
+            return None
+        self._auto_reset[:] = False
+        self._stashed, self._ended, self._reset_full = False, None, True
+        return ended
 
     def _check_flags(self, reward: Any, term: Any, trunc: Any) -> None:
         """Raise for the first of reward/terminated/truncated that is not one value per sub-env."""
@@ -272,11 +295,12 @@ class _GymVector(_GymBase):
         if self._same_step and "_final_obs" in info:
             # gymnasium returned reset observations for finished rows and put the terminal
             # ones in info: keep the former for the collector, record the latter.
-            self._auto_reset = np.asarray(info["_final_obs"], dtype=np.bool_).copy()
+            self._auto_reset[...] = info["_final_obs"]
             np.copyto(self._reset_obs_np[key], dst)
             self._stashed = True
             final, row = info["final_obs"], self._plain_shape[1:]  # type: ignore[index]
-            for i in np.flatnonzero(self._auto_reset):
+            self._ended = ended = np.flatnonzero(self._auto_reset)
+            for i in ended:
                 f = final[i]
                 if getattr(f, "shape", None) != row and np.shape(f) != row:
                     raise obs_shape_error(self._src, self._obs_leaves[0], f, (), "step()", _final(i))

@@ -53,6 +53,13 @@ def run_fused(r: Any, env: BatchedEnv, preempt: Callable[[], bool] | None, inter
     step, reset, apply_reset = env._step_arrays, env._reset_arrays, r.apply_reset
     no_done, numpy_masks = r._no_done, env._numpy_masks
     logical_or = torch.logical_or
+    # Vector envs whose step already reset the rows that ended (gymnasium's SAME_STEP) say so,
+    # and then hold every row's next input whole: no reset call, no merge.
+    autoreset_rows = getattr(env, "_autoreset_rows", None)
+    if autoreset_rows is not None:
+        reset_obs = env._reset_obs  # type: ignore[attr-defined]
+        reset_obs_np = {k: r._np(v) for k, v in reset_obs.items()}
+        counter = r.counter
     for t in range(r.T):
         # A preempted batch still takes its first step (TorchRL checks after each step).
         if t and preempt is not None and preempt():
@@ -79,22 +86,37 @@ def run_fused(r: Any, env: BatchedEnv, preempt: Callable[[], bool] | None, inter
         if views.traj_np is not None:
             views.traj_np[...] = r._traj_np
         obs, reward, term, trunc = step(action, views)
-        # Rollout._record_fast, inline.
-        for k, dst in views.next_obs.items():
-            if obs[k] is not dst:  # adapters that honour ``out`` already wrote it here
-                dst.copy_(obs[k])
+        # Rollout._record_fast, inline (adapters that honour ``out`` wrote the step in place
+        # and hand the storage's own tensors back: then there is nothing to copy).
+        next_obs = views.next_obs
+        if obs is not next_obs:
+            for k, dst in next_obs.items():
+                if obs[k] is not dst:
+                    dst.copy_(obs[k])
         for k, dst in views.next_extra:
             dst.copy_(obs[k])
-        rew, term_dst, trunc_dst, done = views.flags
-        if reward is not rew:
+        flags = views.flags
+        if reward is not flags[0]:
+            rew, term_dst, trunc_dst, done = flags
             rew.copy_(reward)
             term_dst.copy_(term)
             trunc_dst.copy_(trunc)
             logical_or(term, trunc, out=done)
-        r.obs, r._obs_np = views.next_obs, views.next_obs_np
+        r.obs, r._obs_np = next_obs, views.next_obs_np
         r.steps_done += 1
         done_np = views.flags_np[3]
         if done_np.tobytes() != no_done:
-            mask = done_np if numpy_masks else done
-            apply_reset(reset(mask, None), mask)
+            rows = None if autoreset_rows is None else autoreset_rows(done_np)
+            if rows is None:
+                mask = done_np if numpy_masks else flags[3]
+                apply_reset(reset(mask, None), mask)
+                continue
+            # Rollout._apply_reset_np for a whole reset observation, inline.
+            r.obs, r._obs_np = reset_obs, reset_obs_np
+            ids, steps = r._traj_np.reshape(-1), r._steps_np.reshape(-1)
+            if len(rows) == 1:
+                i = int(rows[0])
+                ids[i], steps[i] = counter.take_one(), 0
+            else:
+                ids[rows], steps[rows] = counter.take_np(len(rows)), 0
     return r.T
