@@ -356,7 +356,7 @@ async def test_gc_freeze_holds_while_collecting_and_ends_at_close(
     ("make", "match"),
     [
         (lambda: gym.make_vec("CartPole-v1", 2), "a batched env"),
-        (lambda: object(), "must return a gymnasium.Env or a coroutine env"),
+        (lambda: object(), "must return a gymnasium.Env, a TorchRL env or a coroutine env"),
     ],
 )
 async def test_a_factory_returning_the_wrong_kind_of_env_is_named(make: Any, match: str) -> None:

@@ -20,6 +20,7 @@ from ._specs import ArraySpec, NestedKey
 
 __all__ = [
     "Leaf",
+    "OneHotDiscrete",
     "Source",
     "fast_row_writer",
     "flatten_space",
@@ -52,6 +53,10 @@ def _as_key(parts: tuple[str, ...]) -> NestedKey:
     return parts[0] if len(parts) == 1 else parts
 
 
+class OneHotDiscrete(spaces.Discrete):
+    """A ``Discrete`` space whose values travel one-hot in batches (a TorchRL ``OneHot`` spec)."""
+
+
 def flatten_space(space: spaces.Space[Any], root: str, *, one_hot: bool = False) -> list[Leaf]:
     """Flatten a gymnasium space into leaves.
 
@@ -68,8 +73,9 @@ def flatten_space(space: spaces.Space[Any], root: str, *, one_hot: bool = False)
             for i, sub in enumerate(sp.spaces):
                 visit(sub, _join(key, str(i)), (*path, i))
         else:
-            spec, start = _leaf_spec(sp, one_hot)
-            leaves.append(Leaf(_as_key(key), path, spec, sp, one_hot and spec.kind == "one_hot", start))
+            oh = one_hot or isinstance(sp, OneHotDiscrete)
+            spec, start = _leaf_spec(sp, oh)
+            leaves.append(Leaf(_as_key(key), path, spec, sp, oh and spec.kind == "one_hot", start))
 
     top: tuple[str, ...] = () if isinstance(space, spaces.Dict) and root == "observation" else (root,)
     visit(space, top, ())

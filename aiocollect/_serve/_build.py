@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._envs._pool import AsyncEnvPool
-from ._shard import build_env, check_single_env, is_coroutine_env
+from ._shard import build_env, is_coroutine_env, single_env
 from ._slots import SlotPool, ThreadShards, default_shard_count, env_name, shard_rows
 
 __all__ = ["ENV_BACKENDS", "CentralEnvs"]
@@ -50,7 +50,7 @@ class CentralEnvs:
         try:
             for i, (fn, kw) in enumerate(zip(self.fns, self.kwargs, strict=True)):
                 envs.append(build_env(fn, kw))
-                check_single_env(envs[-1], i)
+                envs[-1] = single_env(envs[-1], i)
             coroutine = [is_coroutine_env(e) for e in envs]
             if any(coroutine):
                 return self._coroutine_pool(envs, coroutine)

@@ -37,7 +37,7 @@ from .._workers._launch_group import kill_group, lead_new_group, sweep_group
 from .._workers._messages import Failed
 from .._workers._prestart import preload_forkserver, run_in_environ
 from .._workers._subprocess import _check_not_bootstrapping, _default_start_method, start_leaving_start_method
-from ._shard import EnvShard, build_env, check_single_env, group_views, is_coroutine_env, slot_layout
+from ._shard import EnvShard, build_env, group_views, is_coroutine_env, single_env, slot_layout
 from ._slots import check_same_spaces, spec_from_spaces
 
 __all__ = ["ProcessShards", "env_worker_main"]
@@ -244,7 +244,7 @@ def _start(conn: Any, spec: bytes) -> EnvShard:
     try:
         for i, fn, kw in cloudpickle.loads(spec):
             envs[i] = env = build_env(fn, kw)
-            check_single_env(env, i)
+            envs[i] = env = single_env(env, i)
             if is_coroutine_env(env):
                 raise TypeError(
                     f"env {i} is a coroutine env: coroutine envs step on the collector's event loop, not in env "

@@ -24,7 +24,7 @@ from .._core._errors import note_once
 from .._envs._gym_spaces import Leaf, Source, fast_row_writer, to_gym_action, write_row
 from .._envs._specs import NestedKey
 
-__all__ = ["EnvShard", "SlotArrays", "build_env", "check_single_env", "is_coroutine_env", "slot_layout"]
+__all__ = ["EnvShard", "SlotArrays", "build_env", "is_coroutine_env", "single_env", "slot_layout"]
 
 #: The per-env arrays a shard and the collector share, by name.
 SlotArrays = dict[str, dict[NestedKey, torch.Tensor]]
@@ -147,27 +147,29 @@ def is_coroutine_env(env: Any) -> bool:
     return inspect.iscoroutinefunction(getattr(env, "step", None))
 
 
-def check_single_env(env: Any, i: int) -> None:
-    """Each factory must return one gymnasium-style env; say what to do with anything else."""
+def single_env(env: Any, i: int) -> Any:
+    """The env factory ``i`` built, as a shard steps it: one gymnasium-style env.
+
+    A TorchRL env (batch size ``[]``) is wrapped as a gymnasium env (`TorchRLSingleEnv`);
+    anything else that is not one env is refused with what to do instead.
+    """
     import gymnasium as gym
 
     from .._envs._base import AsyncBatchedEnv, BatchedEnv
+    from ._torchrl_env import TorchRLSingleEnv, is_torchrl_env
 
-    if hasattr(env, "batch_size") and hasattr(env, "rollout"):
-        raise TypeError(
-            f"AsyncBatchedCollector's env factory {i} returned a TorchRL env ({type(env).__name__}); its envs step "
-            "one by one as gymnasium envs: return the gymnasium env itself (gymnasium.make(...)), or collect "
-            "from TorchRL envs with Collector or MultiSyncCollector"
-        )
+    if is_torchrl_env(env):
+        return TorchRLSingleEnv(env, i)
     if isinstance(env, (gym.vector.VectorEnv, BatchedEnv, AsyncBatchedEnv)):
         raise TypeError(
             f"AsyncBatchedCollector's env factory {i} returned {type(env).__name__}, a batched env; each factory "
             "must return one gymnasium.Env (or one coroutine env): pass one factory per env"
         )
     if is_coroutine_env(env):
-        return
+        return env
     if not isinstance(env, gym.Env):
         raise TypeError(
-            f"AsyncBatchedCollector's env factory {i} returned {type(env).__name__}; it must return a gymnasium.Env "
-            "or a coroutine env (async reset/step); TorchRL envs run in Collector or MultiSyncCollector"
+            f"AsyncBatchedCollector's env factory {i} returned {type(env).__name__}; it must return a gymnasium.Env, "
+            "a TorchRL env or a coroutine env (async reset/step)"
         )
+    return env

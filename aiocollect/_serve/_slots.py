@@ -68,7 +68,11 @@ def default_shard_count() -> int:
 
 def env_name(env: Any, i: int) -> str:
     """``"CartPole-v1 (env 3)"``: the gymnasium id (else the class) and the env's index."""
-    name = getattr(getattr(env, "spec", None), "id", None) or type(getattr(env, "unwrapped", env)).__name__
+    name = (
+        getattr(env, "label", None)  # a wrapped TorchRL env's own class
+        or getattr(getattr(env, "spec", None), "id", None)
+        or type(getattr(env, "unwrapped", env)).__name__
+    )
     return f"{name} (env {i})"
 
 
