@@ -352,6 +352,20 @@ async def test_gc_freeze_holds_while_collecting_and_ends_at_close(
     assert gc.get_freeze_count() == 0  # undone when the collector closed
 
 
+@pytest.mark.parametrize("env_backend", ["threading", "coroutine"])
+async def test_gc_freeze_ends_when_the_loop_body_raises(env_backend: str) -> None:
+    import gc
+
+    with anyio.fail_after(60), pytest.raises(RuntimeError, match="body"):
+        async with AsyncBatchedCollector(
+            count_envs(256, env_backend), frames_per_batch=256, env_backend=env_backend
+        ) as c:
+            async for _ in c:
+                assert gc.get_freeze_count() > 0
+                raise RuntimeError("body")
+    assert gc.get_freeze_count() == 0
+
+
 @pytest.mark.parametrize(
     ("make", "match"),
     [
