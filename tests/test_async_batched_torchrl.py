@@ -21,7 +21,7 @@ from tensordict.nn import TensorDictModule
 from torch import nn
 from torchrl.envs import GymEnv, PendulumEnv, SerialEnv, StepCounter, TransformedEnv
 
-from aiocollect import AsyncBatchedCollector, Collector
+from aiocollect import AsyncBatchedCollector, Collector, WorkerError
 
 pytestmark = pytest.mark.anyio
 
@@ -121,6 +121,10 @@ async def test_a_stateless_torchrl_env_gets_its_state_back() -> None:
         assert torch.equal(mine["params", "g"], torch.full_like(mine["params", "g"], 10.0)), "its params ride along"
 
 
-async def test_a_batched_torchrl_env_is_refused() -> None:
-    with anyio.fail_after(30), pytest.raises(TypeError, match=r"batched TorchRL env .*batch size \[2\]"):
-        await collect(AsyncBatchedCollector([partial(SerialEnv, 2, PendulumEnv)] * 2, frames_per_batch=10))
+@pytest.mark.parametrize("env_backend", BACKENDS)
+async def test_a_batched_torchrl_env_is_refused(env_backend: str) -> None:
+    # In an env process the refusal comes back as the worker's error, naming it, with the
+    # refusal (not a failure to close what was built) as its message.
+    with anyio.fail_after(60), pytest.raises((TypeError, WorkerError), match=r"batched TorchRL env .*batch size \[2\]"):
+        await collect(AsyncBatchedCollector([partial(SerialEnv, 2, PendulumEnv)] * 2, frames_per_batch=10,
+                                            env_backend=env_backend))  # fmt: skip

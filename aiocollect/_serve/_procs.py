@@ -254,7 +254,10 @@ def _start(conn: Any, spec: bytes) -> EnvShard:
         for env in envs.values():
             close = getattr(env, "close", None)
             if close is not None and not is_coroutine_env(env):
-                close()
+                try:
+                    close()
+                except Exception:  # the build error is the one to report
+                    pass
         raise
     names = {i: env_name(e, i) for i, e in envs.items()}
     conn.send(("spaces", [(i, e.observation_space, e.action_space) for i, e in envs.items()]))
