@@ -50,6 +50,7 @@ class TorchRLSingleEnv(gym.Env):
         self.observation_space = _space(env.observation_spec, "observation", index)
         self._action_key = env.action_key
         self._action_dtype = env.action_spec.dtype
+        self._device = env.device  # None or a device: actions go where the env's spec says
         self.action_space = _space(env.action_spec, f"action {self._action_key!r}", index)
         space = self.action_space
         self._one_hot = int(space.n) if isinstance(space, OneHotDiscrete) else 0
@@ -73,11 +74,11 @@ class TorchRLSingleEnv(gym.Env):
         a = torch.as_tensor(action)
         if self._one_hot:  # the index the shard took from the one-hot action, one-hot again
             a = torch.nn.functional.one_hot(a, self._one_hot)
-        td.set(self._action_key, a.to(self._action_dtype))
+        td.set(self._action_key, a.to(device=self._device, dtype=self._action_dtype))
         out = self.env.step(td)
         nxt = out.get("next")
         obs = self._obs(nxt)
-        reward = float(nxt.get(self._reward_key))
+        reward = float(nxt.get(self._reward_key))  # .item() moves a CUDA scalar too
         terminated = bool(nxt.get(self._term_key))
         truncated = bool(nxt.get("truncated")) if self._has_trunc else False
         self._td = step_mdp(out, keep_other=True)
@@ -93,7 +94,7 @@ class TorchRLSingleEnv(gym.Env):
             node = out
             for name in path[:-1]:
                 node = node.setdefault(name, {})
-            node[path[-1]] = td.get(key).numpy()
+            node[path[-1]] = td.get(key).detach().cpu().numpy()  # no copy for CPU tensors
         return out
 
 
