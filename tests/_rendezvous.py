@@ -6,7 +6,10 @@ run before another has started. A test that checks every worker contributes make
 certain with these envs: each env instance, at its ``at``-th step, creates a file named for
 itself in ``directory`` and waits until ``group`` such files exist. With ``at`` set to the
 first step of the second batch, no worker can finish a second batch before every worker has
-finished its first. Files work across threads, processes and Ray actors alike.
+finished its first. Finished is not delivered, though: a remote node's batch may still be in
+transit. Distributed nodes collect into two slots and start a third batch only once the
+trainer has taken their first, so their tests meet at the first step of the third batch.
+Files work across threads, processes and Ray actors alike.
 """
 
 from __future__ import annotations

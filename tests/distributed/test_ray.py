@@ -51,9 +51,12 @@ def kw(**extra: object) -> dict[str, object]:
     ("anyio_backend", "sync"), [("asyncio", True), ("asyncio", False), ("trio", True)], indirect=["anyio_backend"]
 )
 async def test_two_actors_deliver_batches_with_global_ids(sync: bool, loopback_only, tmp_path: Path) -> None:
-    # Both actors meet at the first step of their second batch: first come, first served
-    # cannot then serve one actor's five batches before the other actor's first.
-    meeting = partial(MeetingCountingEnv, str(tmp_path), 2, 21)
+    # Both actors meet at the first step of their third batch. A actor collects into two
+    # slots, so it starts a third batch only once the trainer has taken its first: four
+    # batches at most come before the meeting, and the fifth needs both actors past it.
+    # (Meeting at the second batch only says each actor finished its first; one CI run
+    # had node 0's first batch still in transit while node 1 delivered all five.)
+    meeting = partial(MeetingCountingEnv, str(tmp_path), 2, 41)
     with anyio.fail_after(120):
         async with RayCollector(
             [meeting] * 2, scripted(), frames_per_batch=20, total_frames=100, sync=sync, **kw()
