@@ -71,6 +71,7 @@ __all__ = [
     "find_leaks",
     "orphans_reparented_here",
     "run_script",
+    "still_running",
     "take_snapshot",
     "wait_for_no_leaks",
 ]
@@ -555,3 +556,23 @@ def descendants_left_behind(grace: float = 5.0) -> Iterator[list[str]]:
                 for key, p in new.items()
                 if p in alive
             )
+
+
+def still_running(pids: list[int], timeout: float) -> list[int]:
+    """The pids still running (not zombies) after up to ``timeout`` seconds; any may exit while we look."""
+    assert psutil is not None, "still_running needs psutil (the test extra)"
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    running = []
+    for p in alive:
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                running.append(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return running

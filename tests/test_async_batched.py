@@ -23,6 +23,7 @@ import gymnasium as gym
 import pytest
 import torch
 from _central_envs import AsyncCountEnv, CountEnv, Parity
+from _leaks import still_running
 
 from aiocollect import AsyncBatchedCollector, Collector, InferenceError, ReplayBuffer, WorkerError
 from aiocollect import blocking as B
@@ -610,27 +611,6 @@ if __name__ == "__main__":  # env worker processes import this file too
         print("interrupted", flush=True)
         sys.exit(3)
 """
-
-
-def still_running(pids: list[int], timeout: float) -> list[int]:
-    """The pids still running (not zombies) after up to ``timeout`` seconds; any may exit while we look."""
-    import psutil
-
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
-    running = []
-    for p in alive:
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE:
-                running.append(p.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return running
 
 
 def test_ctrl_c_in_a_blocking_script_stops_the_env_processes(tmp_path: Path) -> None:

@@ -13,9 +13,9 @@ from functools import partial
 from pathlib import Path
 
 import anyio
-import psutil
 import pytest
 import torch
+from _leaks import still_running
 
 from aiocollect import CollectorClosedError, MultiAsyncCollector, MultiSyncCollector
 from aiocollect.testing import CountingEnv, ScriptedPolicy
@@ -30,25 +30,6 @@ def run_script(tmp_path: Path, body: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)  # fmt: skip
-
-
-def wait_gone(pids: list[int], timeout: float) -> list[int]:
-    """The pids still running (not zombies) after ``timeout``; any may exit while we look."""
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
-
-    def running(p: psutil.Process) -> bool:
-        try:
-            return p.status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
-
-    return [p.pid for p in alive if running(p)]
 
 
 def test_workers_exit_when_the_parent_is_killed(tmp_path: Path) -> None:
@@ -78,7 +59,7 @@ def test_workers_exit_when_the_parent_is_killed(tmp_path: Path) -> None:
         assert len(pids) == 2
         proc.kill()
         proc.wait(10)
-        assert wait_gone(pids, 10) == []
+        assert still_running(pids, 10) == []
     finally:
         proc.kill()
         proc.communicate()
@@ -114,7 +95,7 @@ def test_ctrl_c_in_blocking_multisync_script(tmp_path: Path) -> None:
         out, err = proc.communicate(timeout=30)
         assert proc.returncode == 3, err
         assert "interrupted" in out
-        assert wait_gone(pids, 5) == []
+        assert still_running(pids, 5) == []
     finally:
         proc.kill()
 
@@ -147,7 +128,7 @@ async def test_unclosed_multi_collector_is_killed_on_gc() -> None:
     with pytest.warns(ResourceWarning, match="unclosed"):
         del c
         gc.collect()
-    assert wait_gone(pids, 5) == []
+    assert still_running(pids, 5) == []
 
 
 def env_that_never_builds() -> CountingEnv:
