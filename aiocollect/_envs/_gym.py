@@ -107,6 +107,8 @@ class _GymBase(BatchedEnv):
         if not self._plain_act:
             return to_gym_action(self._act_leaves, action, single=single)
         a = action[self._act_key]
+        if type(a) is np.ndarray and a.dtype == self._act_dtype:  # as the fused loop hands it over
+            return int(a) if single and self._act_int else a
         if isinstance(a, np.ndarray):
             arr = a
         else:
@@ -151,12 +153,7 @@ class _GymSingle(_GymBase):
         return self._reset_obs
 
     def _step_arrays(self, action: dict[NestedKey, Any], out: StepOut | None = None) -> StepArrays:
-        a = action.get(self._act_key) if self._act_int else None
-        if type(a) is np.ndarray and a.dtype == self._act_dtype:
-            a = int(a)  # a discrete action as the fused loop hands it over (the common case)
-        else:
-            a = self._gym_action(action, single=True)
-        obs, reward, term, trunc, _ = self.env.step(a)
+        obs, reward, term, trunc, _ = self.env.step(self._gym_action(action, single=True))
         if out is not None and type(obs) is np.ndarray and obs.shape == self._plain_shape and self._plain_obs:
             # One plain array of the promised shape: numpy writes straight into the
             # collector's storage (a fraction of the cost of torch ops on 0-d tensors).

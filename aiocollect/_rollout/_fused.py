@@ -59,7 +59,7 @@ def run_fused(r: Any, env: BatchedEnv, preempt: Callable[[], bool] | None, inter
     if autoreset_rows is not None:
         reset_obs = env._reset_obs  # type: ignore[attr-defined]
         reset_obs_np = {k: r._np(v) for k, v in reset_obs.items()}
-        counter = r.counter
+        start_trajs = r.start_trajs
     for t in range(r.T):
         # A preempted batch still takes its first step (TorchRL checks after each step).
         if t and preempt is not None and preempt():
@@ -111,12 +111,7 @@ def run_fused(r: Any, env: BatchedEnv, preempt: Callable[[], bool] | None, inter
                 mask = done_np if numpy_masks else flags[3]
                 apply_reset(reset(mask, None), mask)
                 continue
-            # Rollout._apply_reset_np for a whole reset observation, inline.
+            # Rollout._apply_reset_np for a whole reset observation.
             r.obs, r._obs_np = reset_obs, reset_obs_np
-            ids, steps = r._traj_np.reshape(-1), r._steps_np.reshape(-1)
-            if len(rows) == 1:
-                i = int(rows[0])
-                ids[i], steps[i] = counter.take_one(), 0
-            else:
-                ids[rows], steps[rows] = counter.take_np(len(rows)), 0
+            start_trajs(rows)
     return r.T

@@ -140,6 +140,12 @@ class Rollout(RolloutOutput):
             self.obs, self._obs_np = reset_obs, {k: self._np(v) for k, v in reset_obs.items()}
         else:
             self._merge_reset_np(reset_obs, mask, rows)
+        self.start_trajs(rows)
+
+    def start_trajs(self, rows: Any) -> None:
+        """New trajectory ids and zero step counts for ``rows`` (flat indices, one int, or ``()``)."""
+        if isinstance(rows, np.ndarray) and len(rows) == 1:
+            rows = int(rows[0])  # plain indexing: a fraction of the cost of fancy indexing
         ids, steps = self._traj_np.reshape(-1), self._steps_np.reshape(-1)  # views: flat rows
         if isinstance(rows, tuple):
             ids, steps = self._traj_np, self._steps_np  # 0-d: indexed by ()
