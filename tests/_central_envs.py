@@ -65,8 +65,9 @@ class AsyncCountEnv:
     observation_space = CountEnv.observation_space
     action_space = CountEnv.action_space
 
-    def __init__(self, env_id: int, fail_at: int | None = None, length: int | None = None) -> None:
+    def __init__(self, env_id: int, fail_at: int | None = None, length: int | None = None, gate: Any = None) -> None:
         self._env = CountEnv(env_id, fail_at, length=length)
+        self.gate = gate  # awaited as gate(env id, steps so far) before each step
 
     async def reset(self, *, seed: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
         return self._env.reset(seed=seed)
@@ -75,4 +76,6 @@ class AsyncCountEnv:
         import anyio.lowlevel
 
         await anyio.lowlevel.checkpoint()
+        if self.gate is not None:
+            await self.gate(self._env.env_id, self._env.steps)
         return self._env.step(action)

@@ -86,6 +86,18 @@ class AsyncBatchedCollector(Collector):
             this many coroutine-env steps; ``None``: no limit.
         policy_timeout: Seconds one coroutine-policy call may take (`InferenceError` naming
             the env after that); ``None``: no limit.
+        on_policy_timeout: A coroutine-policy call past ``policy_timeout``: ``"error"`` (stop
+            collection) or ``"truncate"`` (end that env's trajectory at its last frame, which
+            is marked truncated if still in the batch being filled, reset the env, go on).
+        on_policy_error: A coroutine-policy call that raised: ``"raise"`` (its exception,
+            naming the env) or ``"reset"`` (as ``"truncate"``). Forgiven failures are counted
+            in ``stats()`` (``policy_errors``, ``policy_timeouts``); as many in a row as there
+            are envs (at least 8), with no answer between them, stop collection with an
+            `InferenceError`. A wrong answer always stops it.
+        step_timeout: Seconds one coroutine env's ``step`` may take (as in `AsyncEnvPool`).
+        on_timeout: A coroutine env's step past ``step_timeout``: ``"error"`` or ``"truncate"``.
+        on_error: A coroutine env's step that raised: ``"raise"`` or ``"reset"``. The three
+            apply to coroutine envs only (gymnasium envs in threads or processes raise).
         gc_freeze: Keep Python's cyclic garbage collector off the objects that exist when
             collection starts, until the collector closes (``gc.freeze()``, counted and undone
             as for `AsyncEnvPool`): full collections otherwise scan every object of the
@@ -138,6 +150,11 @@ class AsyncBatchedCollector(Collector):
         start_method: str | None = None,
         max_concurrency: int | None = None,
         policy_timeout: float | None = None,
+        on_policy_timeout: str = "error",
+        on_policy_error: str = "raise",
+        step_timeout: float | None = None,
+        on_timeout: str = "error",
+        on_error: str = "raise",
         gc_freeze: bool | None = None,
     ) -> None:
         fns = _check_fns(create_env_fn)
@@ -168,6 +185,7 @@ class AsyncBatchedCollector(Collector):
                 raise ValueError(f"start_method must be 'forkserver' or 'spawn', got {start_method!r}")
         if policy_timeout is not None:
             check_seconds("policy_timeout", policy_timeout)
+        env_rules = _check_rules(on_policy_timeout, on_policy_error, step_timeout, on_timeout, on_error, chosen)
         if gc_freeze is not None and not isinstance(gc_freeze, bool):
             raise TypeError(f"gc_freeze must be True, False or None, got {gc_freeze!r}")
         if not isinstance(yield_completed_trajectories, bool):
@@ -179,16 +197,22 @@ class AsyncBatchedCollector(Collector):
             )
         self._coro: CoroutinePolicy | None = None
         if is_coroutine_policy(policy):
-            self._coro = CoroutinePolicy(policy, max_concurrency, policy_timeout)
+            self._coro = CoroutinePolicy(policy, max_concurrency, policy_timeout, on_timeout=on_policy_timeout,
+                                         on_error=on_policy_error, max_in_a_row=max(8, n))  # fmt: skip
             policy = None  # awaited per env by the rollout, not run on the collector's thread
-        elif policy_timeout is not None:
-            raise ValueError("policy_timeout applies to coroutine policies (async def) only; drop it")
+        else:
+            for name, value, default in (("policy_timeout", policy_timeout, None),
+                                         ("on_policy_timeout", on_policy_timeout, "error"),
+                                         ("on_policy_error", on_policy_error, "raise")):  # fmt: skip
+                if value != default:
+                    raise ValueError(f"{name} applies to coroutine policies (async def) only; drop it")
         self._alias_keys = list(_ALIASES)
         if policy_version_key is not None:
             self._alias_keys.append((policy_version_key, ("collector", "policy_version")))
         self._central = CentralEnvs(
             fns, _check_kwargs(create_env_kwargs, n), chosen, envs_per_worker, min_ready=min_b, max_ready=max_b,
             max_wait=timeout, start_method=start_method, max_concurrency=max_concurrency, gc_freeze=gc_freeze,
+            env_rules=env_rules,
         )  # fmt: skip
         self.max_batch_size, self.min_batch_size, self.server_timeout = max_b, min_b, timeout
         self.env_backend = chosen
@@ -228,6 +252,12 @@ class AsyncBatchedCollector(Collector):
     def _policy_version(self) -> int:
         return super()._policy_version() if self._coro is None else self._coro.version
 
+    def _env_counts(self) -> dict[str, Any]:
+        counts = super()._env_counts()
+        if self._coro is not None:
+            counts.update(policy_errors=self._coro.errors, policy_timeouts=self._coro.timeouts)
+        return counts
+
     def __repr__(self) -> str:
         return (
             f"<AsyncBatchedCollector {len(self._central.fns)} envs env_backend={self.env_backend!r} "
@@ -245,6 +275,27 @@ def _check_fns(create_env_fn: Any) -> list[Any]:
         if not (isinstance(fn, str) or callable(fn)):
             raise TypeError(f"create_env_fn[{i}] must be an env id or a callable that returns an env, got {fn!r}")
     return list(create_env_fn)
+
+
+def _check_rules(on_policy_timeout: Any, on_policy_error: Any, step_timeout: Any, on_timeout: Any, on_error: Any,
+                 env_backend: str) -> dict[str, Any]:  # fmt: skip
+    """The failure rules, checked; returns the coroutine envs' (empty when all are defaults)."""
+    for name, value, allowed in (("on_policy_timeout", on_policy_timeout, ("error", "truncate")),
+                                 ("on_policy_error", on_policy_error, ("raise", "reset")),
+                                 ("on_timeout", on_timeout, ("error", "truncate")),
+                                 ("on_error", on_error, ("raise", "reset"))):  # fmt: skip
+        if value not in allowed:
+            raise ValueError(f"{name} must be {allowed[0]!r} or {allowed[1]!r}, got {value!r}")
+    if step_timeout is not None:
+        check_seconds("step_timeout", step_timeout)
+    rules = {k: v for k, v, default in (("step_timeout", step_timeout, None), ("on_timeout", on_timeout, "error"),
+                                        ("on_error", on_error, "raise")) if v != default}  # fmt: skip
+    if rules and env_backend == "multiprocessing":
+        raise ValueError(
+            f"{', '.join(rules)} apply to coroutine envs, which env_backend='multiprocessing' cannot hold; drop "
+            f"{'them' if len(rules) > 1 else 'it'} (an env in a worker process that fails stops collection)"
+        )
+    return rules
 
 
 def _check_kwargs(kwargs: Any, n: int) -> list[dict[str, Any]]:

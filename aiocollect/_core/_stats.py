@@ -19,6 +19,8 @@ _NEUTRAL: dict[str, Any] = {
     "stalled_workers": (),
     "env_errors": 0,
     "env_timeouts": 0,
+    "policy_errors": 0,
+    "policy_timeouts": 0,
 }
 _READ_ONLY = "CollectorStats is a read-only snapshot; copy it with dict(stats) to change it"
 
@@ -52,6 +54,10 @@ class CollectorStats(dict[str, Any]):
             `AsyncEnvPool` with ``on_error="reset"``; in-process collectors).
         env_timeouts: Env steps that ran past ``step_timeout`` and were recorded as
             truncations (``on_timeout="truncate"``; in-process collectors).
+        policy_errors: Coroutine-policy calls that raised and ended their env's trajectory
+            (`AsyncBatchedCollector` with ``on_policy_error="reset"``).
+        policy_timeouts: Coroutine-policy calls past ``policy_timeout`` that ended their
+            env's trajectory (``on_policy_timeout="truncate"``).
 
     ``stats(workers="per_worker")`` or ``"both"`` of a multi-worker collector adds
     ``"worker_<i>/<metric>"`` keys (``frames``, ``batches``, ``requested_frames_per_batch``,

@@ -11,7 +11,14 @@ whatever kind of env the pool holds (coroutine envs on the loop, threads, proces
 
 A call that raises, returns something that is not an action for the env, or runs past
 ``timeout`` stops collection with an error naming the env (the policy's own exception, with
-a note; `InferenceError` for a timeout or a wrong answer).
+a note; `InferenceError` for a timeout or a wrong answer). As with coroutine envs, a call
+that raises (``on_error="reset"``) or runs late (``on_timeout="truncate"``) may instead end
+that env's trajectory: no frame is made up for the action that never came. The env's last
+recorded frame, if still in the batch being filled, is marked truncated (its next
+observation is where the trajectory stops), and the env is reset and asked again. An answer
+of the wrong shape always stops collection (a bug, not a failure of the service), and so
+does a run of failures with no answer between them (``max_in_a_row``: an outage, not a
+hiccup), so collection never spins without frames.
 """
 
 from __future__ import annotations
@@ -26,7 +33,14 @@ import torch
 
 from .._core._errors import InferenceError, note_once
 
-__all__ = ["CoroutinePolicy", "act_now", "fill_with_coroutine_policy", "is_coroutine_policy", "put_row"]
+__all__ = [
+    "CoroutinePolicy",
+    "act_now",
+    "end_trajectory",
+    "fill_with_coroutine_policy",
+    "is_coroutine_policy",
+    "put_row",
+]
 
 
 def is_coroutine_policy(policy: Any) -> bool:
@@ -36,20 +50,57 @@ def is_coroutine_policy(policy: Any) -> bool:
     return inspect.iscoroutinefunction(policy) or inspect.iscoroutinefunction(getattr(policy, "__call__", None))  # noqa: B004
 
 
+class _Late(InferenceError):
+    """A call past its timeout (an `InferenceError`, told apart for ``on_timeout``)."""
+
+
 class CoroutinePolicy:
-    """A coroutine policy with its concurrency limit and per-call timeout.
+    """A coroutine policy with its concurrency limit, per-call timeout and failure rules.
 
     Args:
         fn: The coroutine function.
         max_concurrency: At most this many calls in flight; ``None``: one per env.
         timeout: Seconds one call may take; ``None``: no limit.
+        on_timeout: ``"error"`` or ``"truncate"`` (end the env's trajectory and reset it).
+        on_error: ``"raise"`` or ``"reset"`` (the same, for a call that raised).
+        max_in_a_row: Forgiven failures in a row, with no answer between them, that stop
+            collection all the same.
     """
 
-    def __init__(self, fn: Callable[..., Any], max_concurrency: int | None, timeout: float | None) -> None:
+    def __init__(self, fn: Callable[..., Any], max_concurrency: int | None, timeout: float | None,
+                 on_timeout: str = "error", on_error: str = "raise", max_in_a_row: int = 8) -> None:  # fmt: skip
         self.fn, self.timeout = fn, timeout
         self.max_concurrency = max_concurrency
+        self.on_timeout, self.on_error, self.max_in_a_row = on_timeout, on_error, max_in_a_row
         self._limit: anyio.Semaphore | None = None
         self.version = 0
+        self.errors = self.timeouts = 0  # forgiven failures, for stats()
+        self._in_a_row = 0
+
+    def forgives(self, exc: Exception) -> bool:
+        """Whether the rules turn this failed call into the end of a trajectory (counted).
+
+        Raises:
+            InferenceError: ``max_in_a_row`` failures in a row, from ``exc``.
+        """
+        late = isinstance(exc, _Late)
+        if (self.on_timeout != "truncate") if late else (self.on_error != "reset"):
+            return False
+        if late:
+            self.timeouts += 1
+        else:
+            self.errors += 1
+        self._in_a_row += 1
+        if self._in_a_row >= self.max_in_a_row:
+            raise InferenceError(
+                f"the coroutine policy failed {self._in_a_row} calls in a row with no answer between them; "
+                "on_policy_error='reset' and on_policy_timeout='truncate' forgive failures, not an outage: check "
+                "the service (its last failure is chained)"
+            ) from exc
+        return True
+
+    def answered(self) -> None:
+        self._in_a_row = 0
 
     def limiter(self) -> anyio.Semaphore | None:
         if self._limit is None and self.max_concurrency is not None:
@@ -68,9 +119,10 @@ class CoroutinePolicy:
             return await self.fn(request)
         with anyio.move_on_after(self.timeout):
             return await self.fn(request)
-        raise InferenceError(
+        raise _Late(
             f"the coroutine policy did not answer env {env} within policy_timeout={self.timeout}s; raise "
-            "policy_timeout or make the policy answer sooner"
+            "policy_timeout, make the policy answer sooner, or pass on_policy_timeout='truncate' to end the env's "
+            "trajectory there"
         )
 
 
@@ -128,7 +180,16 @@ async def _act_one(rollout: Any, i: int) -> None:
         # With the env's index, for clients that keep a session per env (built without
         # TensorDict's checks: these entries are unbatched tensors by construction).
         request = _request(obs, torch.scalar_tensor(i, dtype=torch.int64))
-        answer = await policy.call(request, i)
+        try:
+            answer = await policy.call(request, i)
+        except Exception as exc:
+            if not policy.forgives(exc):
+                raise
+            end_trajectory(rollout, i)
+            started = True
+            rollout._restart(i)  # takes over the in-flight count
+            return
+        policy.answered()
         action = _action_of(answer, rollout, i)
         for k, a in action.items():
             put_row(pend[k], i, a)
@@ -145,6 +206,21 @@ async def _act_one(rollout: Any, i: int) -> None:
             rollout.in_flight -= 1
             if rollout._until is not None:
                 rollout._poke()
+
+
+def end_trajectory(rollout: Any, i: int) -> None:
+    """Mark env ``i``'s last frame truncated if it is in the batch being filled and of its current trajectory.
+
+    A frame already delivered cannot be changed: with ``set_truncated=True`` it was marked
+    as its batch's last frame of that env anyway; the next trajectory has a new id.
+    """
+    if rollout.store is None:
+        return
+    _, _, trunc_col, done_col, env_col, traj_col, _ = rollout._cols
+    f = rollout.filled
+    mine = np.flatnonzero((env_col[:f] == i) & (traj_col[:f] == rollout.traj[i]))
+    if len(mine):
+        trunc_col[mine[-1]] = done_col[mine[-1]] = True
 
 
 _SCALAR = torch.Size([])

@@ -39,6 +39,7 @@ class ShardedStreamRollout(StreamRollout):
         self.pool: Any = cast(Any, self.env)  # a SlotPool (a layer above this one): shards, act, step_shard
         shards = self.pool.shards
         self.pending: list[list[int]] = [[] for _ in shards]  # rows queued for each shard's next call
+        self.restarts: list[list[int]] = [[] for _ in shards]  # rows to reset before it (see _restart)
         self._kicks: list[Any] = [None] * len(shards)  # an anyio.Event while the shard's task waits
         self._shards_started = False
         self._busy: list[np.ndarray | None] = [None] * len(shards)  # each shard's rows in its call in progress
@@ -108,6 +109,13 @@ class ShardedStreamRollout(StreamRollout):
         self.pending[s].append(i)
         self._kick(s)
 
+    def _restart(self, i: int) -> None:
+        # Through the shard's task: a shard takes one call at a time (one pipe, one lane).
+        self._start_shards()
+        s = int(self.pool.shard_of[i])
+        self.restarts[s].append(i)
+        self._kick(s)
+
     def _start_shards(self) -> None:
         if not self._shards_started:
             self._shards_started = True
@@ -121,17 +129,22 @@ class ShardedStreamRollout(StreamRollout):
             event.set()
 
     async def _serve_shard(self, s: int) -> None:
-        """Shard ``s``'s task: step every queued row in one call, record, repeat."""
-        pending, pool = self.pending[s], self.pool
+        """Shard ``s``'s task: reset the rows to restart, step every queued row in one call, record, repeat."""
+        pending, restarts, pool = self.pending[s], self.restarts[s], self.pool
         while True:
-            while not pending:
+            while not pending and not restarts:
                 event = self._kicks[s] = anyio.Event()
                 await event.wait()
-            rows = np.array(pending, dtype=np.int64)
-            pending.clear()
+            queue, restart = (restarts, True) if restarts else (pending, False)
+            rows = np.array(queue, dtype=np.int64)
+            queue.clear()
             try:
-                await pool.step_shard(s, rows)
-                self._record(rows)
+                if restart:
+                    await pool.reset_rows(s, rows)
+                    self._started_over(rows)
+                else:
+                    await pool.step_shard(s, rows)
+                    self._record(rows)
             except Exception as exc:  # raised by the collector's next acollect, not in its task group
                 if self.error is None:
                     self.error = exc
@@ -140,6 +153,13 @@ class ShardedStreamRollout(StreamRollout):
                 self.in_flight -= len(rows)
                 if self._until is not None:
                     self._poke()
+
+    def _started_over(self, rows: np.ndarray) -> None:
+        """Envs just reset (their first observations are in the pool's ``obs``): new trajectories, ready."""
+        for dst, src in self._cur_copies:
+            dst[rows] = src[rows]
+        self.traj[rows] = self.counter.take_np(len(rows))
+        self._ready_again(rows.tolist())
 
     # -- driving env processes from the collector's thread --------------------------------------
     async def _drain(self, run_sync: Callable[..., Awaitable[Any]]) -> None:

@@ -286,12 +286,12 @@ class StreamRollout:
         """Start the steps of ``rows`` with their ``actions``: one task per env."""
         acts = self.env._actions(actions)
         for j, i in enumerate(rows):
-            self._spawn_task(self._step, i, acts[j])
+            self._spawn_task(self._owned, self._step_and_record, i, acts[j])
 
     def _dispatch_one(self, i: int, action: dict[NestedKey, torch.Tensor]) -> None:
         """Start env ``i``'s step with its (unbatched) ``action``."""
         act = self.env._actions({k: v.unsqueeze(0) for k, v in action.items()})[0]
-        self._spawn_task(self._step, i, act)
+        self._spawn_task(self._owned, self._step_and_record, i, act)
 
     def _raise_error(self) -> None:
         if self.error is not None:
@@ -368,10 +368,10 @@ class StreamRollout:
         self._cols = tuple(store[k].numpy() for k in (("next", "reward"), ("next", "terminated"),
                            ("next", "truncated"), ("next", "done"), ENV_ID, TRAJ, VERSION))  # fmt: skip
 
-    async def _step(self, i: int, act: Any) -> None:
-        """Env ``i``'s step, as its own task: records its frame, resets the env if done."""
+    async def _owned(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
+        """``fn(*args)`` as one unit of the in-flight count; its error is kept for `acollect`."""
         try:
-            await self._step_and_record(i, act)
+            await fn(*args)
         except Exception as exc:  # raised by the collector's next acollect, not in its task group
             if self.error is None:
                 self.error = exc
@@ -380,7 +380,21 @@ class StreamRollout:
             if self._until is not None:
                 self._poke()
 
+    def _restart(self, i: int) -> None:
+        """Start env ``i`` afresh, as a task that takes over its unit of the in-flight count
+        (its policy call failed and was forgiven: see ``_coro``)."""
+        self._spawn_task(self._owned, self._start_over, i)
+
+    async def _start_over(self, i: int) -> None:
+        """Reset env ``i``, open its next trajectory, and make it ready for an action."""
+        await self.env._reset_row(i)
+        self.traj[i] = self.counter.take_one()
+        for dst, src in self._cur_copies:
+            dst[i] = src[i]
+        self._ready_again([i])
+
     async def _step_and_record(self, i: int, act: Any) -> None:
+        """Env ``i``'s step (a task, see `_owned`): records its frame, resets the env if done."""
         pool = self.env
         await pool._step_row(i, act)
         f = self.filled
@@ -394,8 +408,8 @@ class StreamRollout:
         env_col[f], traj_col[f], version_col[f] = i, self.pend_traj[i], self.pend_version[i]
         self.steps_done += 1
         if term or trunc:
-            await pool._reset_row(i)
-            self.traj[i] = self.counter.take_one()
+            await self._start_over(i)
+            return
         for dst, src in self._cur_copies:
             dst[i] = src[i]
         self._ready_again([i])

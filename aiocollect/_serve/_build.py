@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .._envs._pool import AsyncEnvPool
@@ -36,6 +36,8 @@ class CentralEnvs:
     start_method: str | None = None
     max_concurrency: int | None = None
     gc_freeze: bool | None = None
+    #: ``step_timeout``/``on_timeout``/``on_error`` for coroutine envs (`AsyncEnvPool`'s), if set.
+    env_rules: dict[str, Any] = field(default_factory=dict)
 
     def __call__(self) -> Any:
         n = len(self.fns)
@@ -54,6 +56,11 @@ class CentralEnvs:
             coroutine = [is_coroutine_env(e) for e in envs]
             if any(coroutine):
                 return self._coroutine_pool(envs, coroutine)
+            if self.env_rules:
+                raise TypeError(
+                    f"{', '.join(self.env_rules)} apply to coroutine envs; env factory 0 returned "
+                    f"{type(envs[0]).__name__}, which steps in a thread and raises when it fails: drop them"
+                )
             if self.env_backend == "coroutine":
                 raise TypeError(
                     "env_backend='coroutine' needs envs whose reset and step are coroutine functions, got "
@@ -79,7 +86,8 @@ class CentralEnvs:
                 "make every env a coroutine env, or none"
             )
         pool = AsyncEnvPool(envs, min_ready=self.min_ready, max_wait=self.max_wait,
-                            max_concurrency=self.max_concurrency, gc_freeze=self.gc_freeze)  # fmt: skip
+                            max_concurrency=self.max_concurrency, gc_freeze=self.gc_freeze,
+                            **self.env_rules)  # fmt: skip
         pool.max_ready = self.max_ready  # type: ignore[attr-defined]  # read by the barrier-free rollout
         return pool
 

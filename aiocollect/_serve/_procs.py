@@ -171,6 +171,9 @@ class ProcessShards:
     async def step(self, shard: int, rows: np.ndarray) -> None:
         await self._call(shard, _STEP + rows.astype(np.int64, copy=False).tobytes())
 
+    async def reset_rows(self, shard: int, rows: np.ndarray) -> None:
+        await self._call(shard, _RESET + pickle.dumps((rows.tolist(), None)))
+
     async def aclose(self, timeout: float) -> None:
         with anyio.move_on_after(timeout):
             for conn in self._conns:

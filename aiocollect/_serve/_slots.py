@@ -47,6 +47,8 @@ class ShardBackend(Protocol):
 
     async def step(self, shard: int, rows: np.ndarray) -> None: ...
 
+    async def reset_rows(self, shard: int, rows: np.ndarray) -> None: ...
+
     async def aclose(self, timeout: float) -> None: ...
 
     def close_now(self) -> None: ...
@@ -157,6 +159,10 @@ class SlotPool(AsyncBatchedEnv):
         """Step the envs of ``rows`` (all in ``shard``) with their rows of ``act``."""
         await self.backend.step(shard, rows)
 
+    async def reset_rows(self, shard: int, rows: np.ndarray) -> None:
+        """Reset the envs of ``rows`` (all in ``shard``); their first observations land in ``obs``."""
+        await self.backend.reset_rows(shard, rows)
+
     async def reset(self, mask: torch.Tensor | None = None, seeds: Sequence[int] | None = None) -> Any:
         """Reset every env; see `BatchedEnv.reset`."""
         from tensordict import TensorDict
@@ -262,6 +268,9 @@ class ThreadShards:
 
     async def step(self, shard: int, rows: np.ndarray) -> None:
         await self._lanes[shard].run(self._shards[shard].step, rows)
+
+    async def reset_rows(self, shard: int, rows: np.ndarray) -> None:
+        await self._lanes[shard].run(self._shards[shard].reset, rows.tolist(), None)
 
     async def aclose(self, timeout: float) -> None:
         error: BaseException | None = None
