@@ -35,7 +35,7 @@ import torch
 from .._core._errors import WorkerCrashedError, worker_error_from_message
 from .._core._notify import Notifier
 from ._distributed_node import control_key, torchrun_store_port
-from ._distributed_options import check_options
+from ._distributed_options import check_options, local_node_gpu
 from ._launch_ray import check_ray_node_count
 from ._launchers import make_launcher
 from ._messages import ApplyWeights, BatchReady, Close, Command, Event, Exited, Failed, Ready
@@ -259,6 +259,7 @@ class DistributedTransport(Transport):
             prefix=f"{self._session}/r{rank}j{node.joins}", backend=opts["backend"], timeout=opts["join_timeout"],
             worker_main=opts["worker_main"], spec=spec, weights_layout=self.weights_layout,
             weights_follow=self._weights is not None, beat_interval=opts["beat_interval"],
+            cuda_device=local_node_gpu(rank) if opts["backend"] == "nccl" and opts["launcher"] == "mp" else None,
         )  # fmt: skip
         send_frame(sock, setup, node.lock)
         node.reader = threading.Thread(

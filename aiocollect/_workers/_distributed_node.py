@@ -227,17 +227,21 @@ def _connect(
     return store, sock, token
 
 
-def _pick_cuda_device(rank: int) -> None:
+def _pick_cuda_device(rank: int, chosen: int | None) -> None:
     """Make this node's GPU the current device before its NCCL pair group forms.
 
-    NCCL refuses two members of a group on one GPU, so nodes sharing the trainer's machine
-    (``launcher="mp"``) take GPU ``rank % count`` (the trainer keeps its current one, GPU 0
-    unless it chose another); ``LOCAL_RANK`` (torchrun's) wins where it is set.
+    NCCL refuses two members of a group on one GPU, so a node on the trainer's machine
+    (``launcher="mp"``) takes the GPU the trainer chose for it (``chosen``: one that is not
+    the trainer's). Elsewhere ``LOCAL_RANK`` (torchrun's) wins where it is set, else GPU
+    ``rank % count``.
     """
     import torch
 
     local = os.environ.get("LOCAL_RANK")
-    torch.cuda.set_device(int(local) if local is not None else rank % torch.cuda.device_count())
+    if chosen is not None:
+        torch.cuda.set_device(chosen)
+    else:
+        torch.cuda.set_device(int(local) if local is not None else rank % torch.cuda.device_count())
 
 
 def node_main(
@@ -271,7 +275,7 @@ def node_main(
                 f"aiocollect node: the trainer at {master_addr}:{store_port} turned RANK={rank} away: {setup.reason}"
             )
         if setup.backend == "nccl":
-            _pick_cuda_device(rank)
+            _pick_cuda_device(rank, setup.cuda_device)
         channel = NodeChannel(sock, pair_group(store, setup.prefix, 1, setup.backend, host, setup.timeout), setup)
         module, _, name = setup.worker_main.partition(":")
         try:

@@ -49,6 +49,30 @@ def _check_backend(backend: Any) -> str:
     return str(backend)
 
 
+def check_local_nccl(options: Mapping[str, Any]) -> None:
+    """Nodes started on this machine (``launcher="mp"``) need a GPU other than the trainer's for NCCL.
+
+    NCCL refuses two members of one group on one device (and may hang instead), and each
+    node's pair group holds the trainer; nodes may share a GPU among themselves.
+    """
+    if options["backend"] != "nccl" or options["launcher"] != "mp":
+        return
+    count = torch.cuda.device_count()
+    if count < 2:
+        raise ValueError(
+            f"backend='nccl' with launcher='mp' needs at least 2 GPUs (the trainer's and one for the nodes: NCCL "
+            f"cannot pair two processes on one GPU), and this machine has {count}; use backend='gloo' (batches "
+            "cross in host memory and storing_device='cuda' moves them), or start the nodes on other machines"
+        )
+
+
+def local_node_gpu(rank: int) -> int:
+    """The GPU a node started on the trainer's machine takes: any but the trainer's, round robin."""
+    mine = torch.cuda.current_device()
+    others = [d for d in range(torch.cuda.device_count()) if d != mine]
+    return others[(rank - 1) % len(others)]
+
+
 def _check_address(name: str, value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise TypeError(f"{name} must be a host name or IP address string, got {value!r}")
@@ -70,6 +94,7 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
     check_ray_launcher_options(out)
     if out["launcher"] == "submitit_delayed":
         apply_delayed_context(out, "distributed", out["backend"])
+    check_local_nccl(out)
     out["slurm_kwargs"] = dict(out["slurm_kwargs"] or {})
     method = out["start_method"] or _default_start_method()
     if method not in START_METHODS:

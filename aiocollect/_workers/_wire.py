@@ -85,6 +85,7 @@ class Setup:
     weights_layout: Any
     weights_follow: bool  # published weights follow on the pair group before any command
     beat_interval: float
+    cuda_device: int | None = None  # NCCL, a node on the trainer's machine: the GPU it takes
 
 
 @dataclass(frozen=True)

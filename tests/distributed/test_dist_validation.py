@@ -103,6 +103,32 @@ def test_nccl_without_cuda_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
         DistributedCollector(TWO, None, frames_per_batch=8, launcher="mp", backend="nccl")
 
 
+def _fake_gpus(monkeypatch: pytest.MonkeyPatch, count: int, current: int = 0) -> None:
+    import torch
+    import torch.distributed as dist
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
+
+
+def test_nccl_with_local_nodes_on_one_gpu_is_refused_before_anything_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_gpus(monkeypatch, 1)  # NCCL cannot pair the trainer and a node on one GPU (it errors, or hangs)
+    with pytest.raises(ValueError, match=r"^backend='nccl' with launcher='mp' needs at least 2 GPUs .* has 1; use "):
+        DistributedCollector(TWO, None, frames_per_batch=8, launcher="mp", backend="nccl")
+
+
+@pytest.mark.parametrize(("count", "current", "gpus"), [(2, 0, [1, 1, 1]), (3, 0, [1, 2, 1]), (3, 1, [0, 2, 0])])
+def test_local_nodes_take_gpus_other_than_the_trainers(
+    monkeypatch: pytest.MonkeyPatch, count: int, current: int, gpus: list[int]
+) -> None:
+    from aiocollect._workers._distributed_options import local_node_gpu
+
+    _fake_gpus(monkeypatch, count, current)
+    assert [local_node_gpu(rank) for rank in (1, 2, 3)] == gpus
+
+
 def test_sync_false_takes_any_frames_per_batch_per_node() -> None:
     c = DistributedCollector(TWO, None, frames_per_batch=41, launcher="mp")  # each node's batch is 41 frames
     assert c._dc.node_fpb == 41
