@@ -294,7 +294,7 @@ class ReplayBuffer(ReservationsMixin, InspectMixin, BufferPersistence, WritersMi
         return check_int("batch_size", bs)
 
     def _context(self) -> SampleContext:
-        t = self.storage.tensors
+        t = self.storage.host
         return SampleContext(
             valid=self._valid, num_valid=self._num_valid, size=self._size,
             traj_ids=t.get(("collector", "traj_ids")), worker_ids=t.get(("collector", "worker_id")),

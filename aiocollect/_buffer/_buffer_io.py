@@ -183,6 +183,7 @@ def _restore(rb: Buffer, meta: dict[str, Any], layout: Layout, frames: dict[Any,
         for k, t in rb.storage.tensors.items():
             if frames is not None:
                 t.copy_(frames[k])
+        rb.storage.sync_host(torch.arange(rb.storage.capacity))
         rb._valid = meta["valid"].clone()
     rb._num_valid = int(rb._valid.sum())
     rb._cursor, rb._size = int(meta["cursor"]), int(meta["size"])

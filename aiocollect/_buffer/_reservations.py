@@ -110,7 +110,7 @@ class ReservationsMixin:
         self.sampler.invalidate(index)
 
     def _drop_stale(self, index: torch.Tensor) -> None:
-        versions = self.storage.tensors.get(_POLICY_VERSION)
+        versions = self.storage.host.get(_POLICY_VERSION)
         if versions is None or self.max_policy_lag is None:
             return
         stale = index[versions[index] < self._policy_version - self.max_policy_lag]
@@ -131,7 +131,8 @@ class ReservationsMixin:
         with self._lock:
             index = reservation.index
             self._in_flight -= reservation.n
-            versions = self.storage.tensors.get(_POLICY_VERSION)
+            self.storage.sync_host(index)
+            versions = self.storage.host.get(_POLICY_VERSION)
             if drop_unfilled and versions is not None:
                 index = index[versions[index] >= 0]
             self._valid[index] = True

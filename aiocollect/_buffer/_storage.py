@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # a worker maps storages (attach_storage) without importing t
 
 #: A contiguous run of rows: (first row, number of rows).
 Piece = tuple[int, int]
+_HOST_KEYS = (("collector", "traj_ids"), ("collector", "worker_id"), ("collector", "policy_version"))
 
 
 def frame_layout(td: TensorDictBase, batch_dims: int) -> list[tuple[Any, tuple[int, ...], torch.dtype]]:
@@ -63,6 +64,8 @@ class Storage:
 
     kind: ClassVar[str] = "base"
     shareable: ClassVar[bool] = False
+    #: Where the frames live; ``None``: host memory.
+    device: torch.device | None = None
 
     def __init__(self, *, ndim: int = 1) -> None:
         if ndim not in (1, 2) or isinstance(ndim, bool):
@@ -72,6 +75,21 @@ class Storage:
         self.row_length: int | None = None
         self.layout: list[tuple[Any, tuple[int, ...], torch.dtype]] = []
         self.tensors: dict[Any, torch.Tensor] = {}
+        self._host: dict[Any, torch.Tensor] | None = None
+
+    @property
+    def host(self) -> dict[Any, torch.Tensor]:
+        """The columns the buffer's bookkeeping reads (trajectory and worker ids, policy
+        versions), in host memory: the storage's own tensors, or copies of them (see `sync_host`)."""
+        return self.tensors if self._host is None else self._host
+
+    def sync_host(self, index: torch.Tensor) -> None:
+        """Bring `host`'s copies of the rows at ``index`` (just written) up to date."""
+        if self._host is None:
+            return
+        on_device = index.to(self.device)
+        for k, h in self._host.items():
+            h[index] = self.tensors[k].index_select(0, on_device).cpu()
 
     @property
     def built(self) -> bool:
@@ -104,6 +122,9 @@ class Storage:
         self.capacity = capacity
         self.layout = [(k, tuple(shape), dtype) for k, shape, dtype in layout]
         self.tensors = self._allocate(self._full_layout())
+        if self.device is not None:
+            # Samplers and reservations index these with host tensors at every write and sample.
+            self._host = {k: torch.zeros_like(t, device="cpu") for k, t in self.tensors.items() if k in _HOST_KEYS}
 
     def _allocate(self, layout: Layout) -> dict[Any, torch.Tensor]:
         raise NotImplementedError
@@ -159,8 +180,10 @@ class Storage:
         """A new TensorDict ``[len(index)]`` holding copies of the frames at ``index``."""
         from tensordict import TensorDict
 
+        if self.device is not None:
+            index = index.to(self.device)
         out = {k: torch.index_select(t, 0, index) for k, t in self.tensors.items()}
-        return TensorDict(out, batch_size=[index.numel()])
+        return TensorDict(out, batch_size=[index.numel()], device=self.device)
 
     def share(self) -> tuple[Any, int | None]:
         """A picklable handle (and an fd to send, or ``None``) from which a worker maps the storage."""
@@ -176,11 +199,18 @@ class Storage:
 
     def close(self) -> None:
         """Release the memory (views handed out before stay valid until dropped)."""
-        self.tensors = {}
+        self.tensors, self._host = {}, None
 
 
 class MemoryStorage(Storage):
-    """Frames in ordinary process-local memory (the default).
+    """Frames in ordinary process-local memory (the default), on the host or on a device.
+
+    Args:
+        ndim: See `Storage`.
+        device: Where the frames live (``"cuda"``: batches are copied to the GPU as they are
+            written, and samples are drawn there, ready for the learner). ``None``: host memory.
+            The small columns samplers read (trajectory and worker ids, policy versions) are
+            kept in host memory too, so sampling never waits on the device.
 
     Examples:
         >>> from aiocollect import MemoryStorage, ReplayBuffer
@@ -189,8 +219,12 @@ class MemoryStorage(Storage):
 
     kind = "memory"
 
+    def __init__(self, *, ndim: int = 1, device: Any = None) -> None:
+        super().__init__(ndim=ndim)
+        self.device = None if device is None else torch.device(device)
+
     def _allocate(self, layout: Layout) -> dict[Any, torch.Tensor]:
-        return {k: torch.zeros(shape, dtype=dtype) for k, shape, dtype in layout}
+        return {k: torch.zeros(shape, dtype=dtype, device=self.device) for k, shape, dtype in layout}
 
 
 class SharedMemoryStorage(Storage):

@@ -75,7 +75,9 @@ class MultiCollectorBase(EngineWeights, WorkerCalls, CollectorLifecycle):
             postprocessing=mc.cfg.split_trajs or mc.cfg.postproc is not None,
         )  # fmt: skip
         rb, memory = self._rb, self._transport_class.memory
-        direct = rb is not None and rb.direct_writes  # TorchRL buffers take whole batches from the parent
+        # TorchRL buffers take whole batches from the parent, and so does a storage on a device
+        # (the parent copies each batch there).
+        direct = rb is not None and rb.direct_writes and getattr(rb.storage, "device", None) is None
         if direct and memory == "host" and not rb.storage.shareable:
             if rb.storage.built:
                 raise TypeError(
