@@ -51,6 +51,7 @@ async def test_blocking_twin_refuses_to_run_inside_an_event_loop() -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.cuda
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL pairs need the trainer and a node on distinct GPUs")
 async def test_nccl_batches_and_weights_travel_between_gpus() -> None:
     policy = scripted().to("cuda:0")

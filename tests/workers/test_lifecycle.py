@@ -191,6 +191,7 @@ async def test_weight_update_timeout_names_the_late_workers(tmp_path: Path) -> N
                 await c.update_policy_weights_(ScriptedPolicy(-1.0))
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.anyio
 async def test_cuda_policy_in_workers_and_cuda_storing_device() -> None:

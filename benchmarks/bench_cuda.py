@@ -1,0 +1,170 @@
+"""The collectors with the policy on a GPU, beside TorchRL's, and the cost of moving batches there.
+
+Run on a GPU machine (``tools/device/check.sh`` runs it there); ``--device cpu`` runs the
+same rows on the host, to check the script itself. Rows, all in one process, round robin:
+
+* in process, CartPole x8 (``SyncVectorEnv``, SAME_STEP), the benchmarks' 64-64 MLP on the
+  device: aiocollect's ``SyncDataCollector(policy_device=dev)``, with ``storing_device=dev``
+  too, and TorchRL's collector with the same devices;
+* worker processes, 2 x CartPole x8, the policy on the device in each worker, batches stored
+  on the device: aiocollect's ``MultiSyncDataCollector`` and TorchRL's;
+* the cost per batch of delivering batches on the device: aiocollect's in-process collector
+  with ``storing_device=dev`` against the same without it, and, for scale, a plain
+  ``batch.to(dev, non_blocking=True)`` (then a synchronize) of a batch of the same bytes.
+
+    python benchmarks/bench_cuda.py [--quick] [--device cuda] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _harness as h
+import _workloads as wl
+import torch
+
+import aiocollect
+
+FPB = 800
+WORKERS = 2
+
+
+def env8() -> Any:
+    return wl.make_vec("CartPole-v1", 8)
+
+
+def aio_in_process(dev: str, store: bool) -> Callable[[int], h.Run]:
+    def run(total: int) -> h.Run:
+        policy = wl.DiscretePolicy(4, 2).to(dev)
+        kw = {"storing_device": dev} if store else {}
+        c = aiocollect.SyncDataCollector(env8, policy, frames_per_batch=FPB, total_frames=total, policy_device=dev,
+                                         **kw)  # fmt: skip
+        return h.measure_iter(lambda: h.iter_shutdown(c))
+
+    return run
+
+
+def aio_workers(dev: str) -> Callable[[int], h.Run]:
+    def run(total: int) -> h.Run:
+        policy = wl.DiscretePolicy(4, 2).to(dev)
+        c = aiocollect.MultiSyncDataCollector([env8] * WORKERS, policy, frames_per_batch=FPB, total_frames=total,
+                                              policy_device=dev, storing_device=dev)  # fmt: skip
+        return h.measure_iter(lambda: h.iter_shutdown(c))
+
+    return run
+
+
+def torchrl_rows(dev: str) -> list[h.Row]:
+    import torchrl.collectors as trc
+    from tensordict.nn import TensorDictModule
+
+    sync_cls, sync_name = h.first_attr(trc, ("Collector", "SyncDataCollector"))
+    multi_cls, multi_name = h.first_attr(trc, ("MultiSyncCollector", "MultiSyncDataCollector"))
+    env_fn = functools.partial(wl.trl_vec, "CartPole-v1", 8)
+
+    def policy() -> Any:
+        return TensorDictModule(wl.DiscretePolicy(4, 2), in_keys=["observation"], out_keys=["action"]).to(dev)
+
+    def sync(store: bool) -> Callable[[int], h.Run]:
+        def run(total: int) -> h.Run:
+            kw = {"storing_device": dev} if store else {}
+            c = sync_cls(env_fn, policy(), frames_per_batch=FPB, total_frames=total, policy_device=dev,
+                         env_device="cpu", **kw)  # fmt: skip
+            return h.measure_iter(lambda: h.iter_shutdown(c))
+
+        return run
+
+    def multi(total: int) -> h.Run:
+        c = multi_cls([env_fn] * WORKERS, policy(), frames_per_batch=FPB, total_frames=total, policy_device=dev,
+                      env_device="cpu", storing_device=dev)  # fmt: skip
+        return h.measure_iter(lambda: h.iter_shutdown(c))
+
+    return [
+        h.Row("inproc", f"TorchRL {sync_name}, policy on {dev}", "torchrl", sync(False), FPB, role="policy"),
+        h.Row("inproc", f"TorchRL {sync_name}, policy+storing on {dev}", "torchrl", sync(True), FPB, role="storing"),
+        h.Row("workers", f"TorchRL {multi_name}, {WORKERS} workers", "torchrl", multi, FPB, role="workers",
+              procs=WORKERS),
+    ]  # fmt: skip
+
+
+def plain_move_ms(dev: str, repeats: int = 50) -> float:
+    """Milliseconds to move one batch's bytes to ``dev`` with ``to(non_blocking=True)``, then wait."""
+    c = aiocollect.SyncDataCollector(env8, wl.DiscretePolicy(4, 2), frames_per_batch=FPB, total_frames=FPB)
+    (batch,) = list(h.iter_shutdown(c))
+    sync = torch.cuda.synchronize if dev.startswith("cuda") else (lambda: None)
+    times = []
+    for _ in range(repeats):
+        sync()
+        t = time.perf_counter()
+        batch.to(dev, non_blocking=True)
+        sync()
+        times.append(time.perf_counter() - t)
+    return h.median(times) * 1e3
+
+
+def main() -> int:
+    ap = h.parser(__doc__, quick="one short run per row", repeats="timed runs per row (default 3)",
+                  no_torchrl="leave TorchRL's rows out", strict=False)  # fmt: skip
+    ap.add_argument("--device", default="cuda", help="where the policy runs (default cuda)")
+    args = ap.parse_args()
+    dev = args.device
+    if dev.startswith("cuda") and not torch.cuda.is_available():
+        print("bench_cuda: no CUDA device here; pass --device cpu to check the script on the host")
+        return 2
+    torch.set_num_threads(1)
+    session = h.Session("torch", "tensordict", "gymnasium", "torchrl", "aiocollect")
+    card = torch.cuda.get_device_name(0) if dev.startswith("cuda") else "no GPU (host run)"
+    session.header(f"bench_cuda: policy on {dev}, frames_per_batch={FPB}", card)
+    rows = [
+        h.Row("inproc", f"aiocollect SyncDataCollector, policy on {dev}", "aio", aio_in_process(dev, False), FPB,
+              role="policy"),
+        h.Row("inproc", f"aiocollect SyncDataCollector, policy+storing on {dev}", "aio", aio_in_process(dev, True),
+              FPB, role="storing"),
+        h.Row("workers", f"aiocollect MultiSyncDataCollector, {WORKERS} workers", "aio", aio_workers(dev), FPB,
+              role="workers", procs=WORKERS),
+    ]  # fmt: skip
+    note = h.torchrl_note(args.no_torchrl, import_it=True)
+    if note is None:
+        rows += torchrl_rows(dev)
+    else:
+        h.log(f"  TorchRL rows left out: {note}")
+    repeats = 1 if args.quick else (args.repeats or 3)
+    st = h.Settings(repeats=repeats, target_s=0.5 if args.quick else 2.0, min_batches=3, warm_batches=2)
+    h.run_rows(rows, st)
+
+    def other(row: h.Row) -> h.Row | None:
+        return next((r for r in rows if r.role == row.role and r.kind != row.kind), None)
+
+    records = []
+    for row in rows:
+        peer = other(row) if row.kind == "aio" else None
+        records.append({"name": row.name, "fps": row.fps, "first_ms": row.first_ms,
+                        "x_torchrl": h.div(row.fps, peer.fps) if peer else h.NAN})  # fmt: skip
+    cols = [
+        h.Col("row", lambda r: r["name"]),
+        h.Col("frames/s", lambda r: h.fmt_n(r["fps"], sep=True)),
+        h.Col("first batch (ms)", lambda r: h.fmt_ms(r["first_ms"] / 1e3)),
+        h.Col("x TorchRL", lambda r: h.fmt_x(r["x_torchrl"])),
+    ]
+    h.log("")
+    for line in h.console_table(cols, records):
+        h.log(line)
+    plain, store, bare = plain_move_ms(dev), rows[1], rows[0]
+    per_batch = (FPB / store.fps - FPB / bare.fps) * 1e3
+    h.log(f"\ncost per batch of storing on {dev}: {per_batch:.2f} ms (in-process collector, storing_device={dev} "
+          f"against none); a plain to({dev!r}, non_blocking=True) of the same bytes: {plain:.2f} ms")  # fmt: skip
+    session.markdown(h.markdown_table(cols, records), f"; {card}")
+    session.footer()
+    session.write_json(args.json, rows=records, store_cost_ms=per_batch, plain_move_ms=plain, card=card)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
