@@ -135,6 +135,7 @@ async def test_on_policy_error_reset_cuts_the_trajectory_and_goes_on(env_backend
     assert (stats.policy_errors, stats.policy_timeouts) == (1, 0)
 
 
+@pytest.mark.all_backends
 @pytest.mark.parametrize("env_backend", ["threading", "coroutine"])
 async def test_on_policy_timeout_truncate_cuts_the_trajectory_and_goes_on(env_backend: str) -> None:
     policy = FailsOnCue(env=1, cue=3, how="hang")
