@@ -142,6 +142,52 @@ async def test_worker_batches_on_the_device_leave_no_device_memory_behind() -> N
 
 
 # --------------------------------------------------------------------------------------------
+# Central inference: the policy on the device, envs on the host
+# --------------------------------------------------------------------------------------------
+
+
+def count_envs(n: int) -> list[Any]:
+    from _central_envs import CountEnv
+
+    return [partial(CountEnv, i) for i in range(n)]
+
+
+def parity_frames_ok(b: Any) -> bool:
+    obs = b["observation"]
+    return bool((b["action"] == obs[:, 1].long() % 2).all()) and bool(
+        (b["next", "observation"][:, 1] == obs[:, 1] + 1).all()
+    )
+
+
+@pytest.mark.parametrize("envs_per_worker", [None, 2])
+async def test_central_inference_on_the_device_serves_some_envs_at_a_time(envs_per_worker: int | None) -> None:
+    from _central_envs import Parity
+
+    from aiocollect import AsyncBatchedCollector
+
+    with anyio.fail_after(120):
+        async with AsyncBatchedCollector(count_envs(6), policy=Parity().to(DEVICE), device=DEVICE, frames_per_batch=60,
+                                         total_frames=180, max_batch_size=4,
+                                         envs_per_worker=envs_per_worker) as c:  # fmt: skip
+            batches = [b async for b in c]
+            if ON_GPU:
+                assert all(t.is_pinned() for t in c._rollout.cur.values())  # type: ignore[union-attr]
+    assert len(batches) == 3 and all(parity_frames_ok(b) for b in batches)
+
+
+async def test_a_coroutine_policy_may_answer_on_the_device() -> None:
+    from aiocollect import AsyncBatchedCollector
+
+    async def policy(td: Any) -> torch.Tensor:
+        return (td["observation"][1].long() % 2).to(DEVICE)  # a model on the GPU answers there
+
+    with anyio.fail_after(120):
+        async with AsyncBatchedCollector(count_envs(3), policy=policy, frames_per_batch=30, total_frames=60) as c:
+            batches = [b async for b in c]
+    assert len(batches) == 2 and all(parity_frames_ok(b) for b in batches)
+
+
+# --------------------------------------------------------------------------------------------
 # Replay buffers on the device
 # --------------------------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ import torch
 
 from .._envs._specs import NestedKey
 
-__all__ = ["expand_mask", "next_key", "np_views", "numpy_or_none"]
+__all__ = ["expand_mask", "next_key", "np_views", "numpy_or_none", "numpy_pair"]
 
 
 def next_key(key: NestedKey) -> tuple[str, ...]:
@@ -37,3 +37,11 @@ def numpy_or_none(tensors: dict[Any, torch.Tensor]) -> dict[Any, np.ndarray] | N
 def expand_mask(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """``mask`` ([*B]) with trailing 1-dims so it broadcasts against ``like`` ([*B, ...])."""
     return mask.reshape((*mask.shape, *([1] * (like.dim() - mask.dim()))))
+
+
+def numpy_pair(dst: torch.Tensor, src: torch.Tensor) -> tuple[Any, Any]:
+    """``(dst, src)`` as numpy views where their dtypes allow (bfloat16 has none), else as tensors."""
+    try:
+        return dst.numpy(), src.numpy()
+    except TypeError:
+        return dst, src

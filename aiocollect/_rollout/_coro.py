@@ -254,7 +254,7 @@ def _action_of(answer: Any, rollout: Any, i: int) -> dict[Any, torch.Tensor]:
     specs = rollout.spec.action
     if type(answer) is torch.Tensor and len(specs) == 1:
         ((key, spec),) = specs.items()
-        if answer.shape == spec.shape and answer.dtype == spec.dtype:  # the common answer, checked in one go
+        if answer.shape == spec.shape and answer.dtype == spec.dtype and not answer.is_cuda:  # the common answer
             return {key: answer}
         answer = {key: answer}
     if not isinstance(answer, (Mapping, TensorDictBase)):
@@ -273,5 +273,5 @@ def _action_of(answer: Any, rollout: Any, i: int) -> dict[Any, torch.Tensor]:
                 f"the coroutine policy answered env {i} with {got} for {k!r}; the env's action spec wants shape "
                 f"{tuple(spec.shape)} (one env's action, unbatched)"
             )
-        out[k] = value.to(spec.dtype)
+        out[k] = value.to(device="cpu", dtype=spec.dtype)  # a model on a GPU may answer there
     return out

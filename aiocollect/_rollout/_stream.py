@@ -31,6 +31,7 @@ from .._core._seeding import TrajCounter
 from .._envs._gather import cancel_and_wait, open_task_group
 from .._envs._specs import ArraySpec, NestedKey
 from ._arrays import next_key as _nxt
+from ._arrays import numpy_pair as _pair
 from ._policy import PolicyAdapter
 
 if TYPE_CHECKING:
@@ -468,6 +469,8 @@ class StreamRollout:
         else:
             with torch.no_grad():
                 out = self.policy(obs, versions)
+            if self._cuda:  # the actions go to host arrays; this copy also ends the use of the pinned rows
+                out = {k: v.cpu() for k, v in out.items()}
         pend = self.pend
         for k in self.spec.observation:
             if idx is None:
@@ -489,11 +492,3 @@ class StreamRollout:
             self.pend_traj[sel] = self.traj[sel]
         self._store_actions(idx, out)
         return {k: out[k] for k in self.spec.action}
-
-
-def _pair(dst: torch.Tensor, src: torch.Tensor) -> tuple[Any, Any]:
-    """``(dst, src)`` as numpy views where their dtypes allow (bfloat16 has none), else as tensors."""
-    try:
-        return dst.numpy(), src.numpy()
-    except TypeError:
-        return dst, src
