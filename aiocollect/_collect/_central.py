@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -11,12 +13,15 @@ from tensordict.nn import InteractionType
 from .._core._validate import check_int, check_seconds
 from .._rollout._coro import CoroutinePolicy, is_coroutine_policy
 from .._serve._build import ENV_BACKENDS, CentralEnvs
+from .._serve._slots import default_shard_count, shard_rows
+from ._central_args import check_affinity_masks, resolve_torchrl_args
 from ._collector import Collector
 from ._flat_trajs import as_completed
 
 __all__ = ["AsyncBatchedCollector"]
 
 _ALIASES = (("env_index", ("collector", "env_id")),)
+_log = logging.getLogger("aiocollect")
 
 
 class AsyncBatchedCollector(Collector):
@@ -104,6 +109,25 @@ class AsyncBatchedCollector(Collector):
             process (~300k with torch) and stall the event loop for ~100 ms each, several
             times a second when each env step makes tasks (coroutine policies or envs).
             ``None`` (default): on for 256 envs or more.
+        transport: TorchRL's inference transport: ``None``, ``"auto"`` or ``"driver"`` (the
+            policy runs on the collector's thread); a transport object is refused.
+        policy_backend: ``None`` or ``"threading"``; a policy served elsewhere is a coroutine
+            policy here.
+        env_exchange: ``"auto"`` or ``"shm"``: env workers always exchange through shared memory.
+        transition_chunk_size: ``"auto"`` only (env workers hand each step's rows over at once).
+        weight_sync_model_id: The name ``update_policy_weights_(model_id=...)`` and
+            ``weights_dict`` use for the policy (default ``"policy"``).
+        verbose: Log the start and each batch (logger ``"aiocollect"``, level INFO).
+        worker_affinity: CPUs of each env worker process (``env_backend="multiprocessing"``):
+            one list per worker, or a callable ``worker -> list``; set before it builds its envs.
+        driver_affinity: CPUs of the collector's thread, which runs the policy and drives the
+            envs; threads it starts (env threads) inherit them.
+        server_config: TorchRL's ``InferenceServerConfig`` instead of ``max_batch_size``,
+            ``min_batch_size`` and ``server_timeout`` (its ``service_backend`` must be
+            ``"thread"``, without ``static_batch_size``).
+        device_config: TorchRL's ``InferenceDeviceConfig`` instead of ``device`` (and
+            ``storing_device``); its env and output devices must be the host's.
+        policy_version: The version the first frames carry (default 0).
 
     Raises:
         TypeError, ValueError: A bad argument, before anything is built.
@@ -156,11 +180,35 @@ class AsyncBatchedCollector(Collector):
         on_timeout: str = "error",
         on_error: str = "raise",
         gc_freeze: bool | None = None,
+        transport: Any = None,
+        policy_backend: str | None = None,
+        env_exchange: str = "auto",
+        transition_chunk_size: int | str = "auto",
+        weight_sync_model_id: str = "policy",
+        verbose: bool = False,
+        worker_affinity: Any = None,
+        driver_affinity: Sequence[int] | None = None,
+        server_config: Any = None,
+        device_config: Any = None,
+        policy_version: int = 0,
     ) -> None:
         fns = _check_fns(create_env_fn)
         n = len(fns)
-        max_b = check_int("max_batch_size", 64 if max_batch_size is None else max_batch_size)
-        min_b = check_int("min_batch_size", 1 if min_batch_size is None else min_batch_size)
+        chosen = env_backend if env_backend is not None else backend
+        chosen = "threading" if chosen is None else chosen
+        if chosen not in ENV_BACKENDS:
+            raise ValueError(f"env_backend must be one of {', '.join(map(repr, ENV_BACKENDS))}, got {chosen!r}")
+        targs = resolve_torchrl_args(
+            transport=transport, policy_backend=policy_backend, env_exchange=env_exchange,
+            transition_chunk_size=transition_chunk_size, server_config=server_config, device_config=device_config,
+            max_batch_size=max_batch_size, min_batch_size=min_batch_size, server_timeout=server_timeout,
+            device=device, storing_device=storing_device, policy_version=policy_version,
+            weight_sync_model_id=weight_sync_model_id, verbose=verbose, driver_affinity=driver_affinity,
+            worker_affinity=worker_affinity, env_backend=chosen,
+        )  # fmt: skip
+        device, storing_device, server_timeout = targs.device, targs.storing_device, targs.server_timeout
+        max_b = check_int("max_batch_size", 64 if targs.max_batch_size is None else targs.max_batch_size)
+        min_b = check_int("min_batch_size", 1 if targs.min_batch_size is None else targs.min_batch_size)
         if min_b > max_b:
             raise ValueError(
                 f"min_batch_size must be at most max_batch_size ({max_b}), got {min_b}; lower min_batch_size or "
@@ -172,11 +220,8 @@ class AsyncBatchedCollector(Collector):
                 "add envs"
             )
         timeout = check_seconds("server_timeout", 0.01 if server_timeout is None else server_timeout)
-        chosen = env_backend if env_backend is not None else backend
-        chosen = "threading" if chosen is None else chosen
-        if chosen not in ENV_BACKENDS:
-            raise ValueError(f"env_backend must be one of {', '.join(map(repr, ENV_BACKENDS))}, got {chosen!r}")
         check_int("envs_per_worker", envs_per_worker, allow_none=True)
+        masks = check_affinity_masks(targs.worker_affinity, len(shard_rows(n, envs_per_worker, default_shard_count())))
         check_int("max_concurrency", max_concurrency, allow_none=True)
         if start_method is not None:
             if chosen != "multiprocessing":
@@ -212,8 +257,9 @@ class AsyncBatchedCollector(Collector):
         self._central = CentralEnvs(
             fns, _check_kwargs(create_env_kwargs, n), chosen, envs_per_worker, min_ready=min_b, max_ready=max_b,
             max_wait=timeout, start_method=start_method, max_concurrency=max_concurrency, gc_freeze=gc_freeze,
-            env_rules=env_rules,
+            env_rules=env_rules, worker_affinity=masks,
         )  # fmt: skip
+        self._driver_affinity, self._verbose, self._model_id = targs.driver_affinity, targs.verbose, targs.model_id
         self.max_batch_size, self.min_batch_size, self.server_timeout = max_b, min_b, timeout
         self.env_backend = chosen
         super().__init__(
@@ -226,9 +272,19 @@ class AsyncBatchedCollector(Collector):
         )  # fmt: skip
         if yield_completed_trajectories:
             as_completed(self, self._cfg.frames_per_batch)
+        if self._coro is not None:
+            self._coro.version = targs.policy_version
+        else:
+            self._set_policy_version(targs.policy_version)
 
     def _build(self) -> None:
+        if self._driver_affinity is not None:
+            # The collector's thread: it runs the policy and drives the envs; threads it starts inherit it.
+            os.sched_setaffinity(0, self._driver_affinity)
         super()._build()
+        if self._verbose:
+            _log.info("%r: %d env shards built, collecting %d frames per batch", self,
+                      len(getattr(self._central, "fns", ())), self._cfg.frames_per_batch)  # fmt: skip
         assert self._rollout is not None
         self._rollout.aliases = tuple(self._alias_keys)  # type: ignore[union-attr]
         self._rollout.coro_policy = self._coro  # type: ignore[union-attr]
@@ -239,6 +295,11 @@ class AsyncBatchedCollector(Collector):
         A coroutine policy holds its weights where it runs: update them there, then call this
         without arguments so that frames whose actions come after it carry the next version.
         """
+        if kwargs.get("model_id") == self._model_id:  # TorchRL's weight_sync_model_id names the policy
+            kwargs["model_id"] = "policy"
+        weights_dict = kwargs.get("weights_dict")
+        if isinstance(weights_dict, Mapping) and self._model_id in weights_dict:
+            kwargs["weights_dict"] = {("policy" if k == self._model_id else k): v for k, v in weights_dict.items()}
         if self._coro is None:
             await super().update_policy_weights_(policy_or_weights, **kwargs)
             return
@@ -248,6 +309,12 @@ class AsyncBatchedCollector(Collector):
                 "policy runs, then call update_policy_weights_() without arguments to bump the version"
             )
         self._coro.version += 1
+
+    async def _collect_one(self) -> TensorDictBase | None:
+        out = await super()._collect_one()
+        if self._verbose:
+            _log.info("%r: %d frames collected", self, self._frames)
+        return out
 
     def _policy_version(self) -> int:
         return super()._policy_version() if self._coro is None else self._coro.version

@@ -38,6 +38,8 @@ class CentralEnvs:
     gc_freeze: bool | None = None
     #: ``step_timeout``/``on_timeout``/``on_error`` for coroutine envs (`AsyncEnvPool`'s), if set.
     env_rules: dict[str, Any] = field(default_factory=dict)
+    #: One CPU list per env worker process (``worker_affinity``), or None.
+    worker_affinity: list[list[int]] | None = None
 
     def __call__(self) -> Any:
         n = len(self.fns)
@@ -45,7 +47,7 @@ class CentralEnvs:
             from ._procs import ProcessShards
 
             shards = shard_rows(n, self.envs_per_worker, default_shard_count())
-            procs = ProcessShards(self.fns, self.kwargs, shards, self.start_method)
+            procs = ProcessShards(self.fns, self.kwargs, shards, self.start_method, self.worker_affinity)
             return SlotPool(procs, procs.spec, min_ready=self.min_ready, max_ready=self.max_ready,
                             max_wait=self.max_wait, gc_freeze=self.gc_freeze)  # fmt: skip
         envs: list[Any] = []

@@ -53,10 +53,11 @@ class ProcessShards:
         fns, kwargs: Every env's factory and its keyword arguments.
         shards: Each shard's env ids (one worker per shard).
         start_method: ``"forkserver"`` (Linux default) or ``"spawn"``.
+        affinity: One CPU list per worker, set before it builds its envs; ``None``: inherited.
     """
 
     def __init__(self, fns: Sequence[Any], kwargs: Sequence[dict[str, Any]], shards: list[np.ndarray],
-                 start_method: str | None) -> None:  # fmt: skip
+                 start_method: str | None, affinity: Sequence[Sequence[int]] | None = None) -> None:  # fmt: skip
         import cloudpickle
 
         _check_not_bootstrapping()
@@ -70,7 +71,10 @@ class ProcessShards:
         try:
             for s, rows in enumerate(shards):
                 parent, child = ctx.Pipe(duplex=True)
-                spec = cloudpickle.dumps([(int(i), fns[i], kwargs[i]) for i in rows])
+                spec = cloudpickle.dumps({
+                    "envs": [(int(i), fns[i], kwargs[i]) for i in rows],
+                    "affinity": None if affinity is None else list(affinity[s]),
+                })  # fmt: skip
                 process = ctx.Process(target=run_in_environ, args=(dict(os.environ), env_worker_main, child, spec),
                                       name=f"aiocollect-env-worker-{s}", daemon=True)  # fmt: skip
                 try:
@@ -244,8 +248,11 @@ def _start(conn: Any, spec: bytes) -> EnvShard:
     from ._slots import env_name
 
     envs: dict[int, Any] = {}
+    plan = cloudpickle.loads(spec)
+    if plan["affinity"] is not None:  # before the envs (and torch's threads) exist: they inherit it
+        os.sched_setaffinity(0, plan["affinity"])
     try:
-        for i, fn, kw in cloudpickle.loads(spec):
+        for i, fn, kw in plan["envs"]:
             envs[i] = env = build_env(fn, kw)
             envs[i] = env = single_env(env, i)
             if is_coroutine_env(env):
