@@ -579,8 +579,11 @@ async def test_set_seed_and_reset_restart_the_envs_with_new_trajectories(env_bac
     firsts = []
     with anyio.fail_after(60):
         for _ in range(2):
-            async with AsyncBatchedCollector([make] * 3, frames_per_batch=30, total_frames=60,
-                                             env_backend=env_backend, envs_per_worker=2) as c:  # fmt: skip
+            # Every forward pass waits for all three envs, so each has frames in the first batch
+            # however the threads are scheduled (a starved shard could otherwise have none).
+            async with AsyncBatchedCollector([make] * 3, frames_per_batch=30, total_frames=60, min_batch_size=3,
+                                             server_timeout=30.0, env_backend=env_backend,
+                                             envs_per_worker=2) as c:  # fmt: skip
                 c.set_seed(11)
                 batches = []
                 async for b in c:
@@ -589,8 +592,7 @@ async def test_set_seed_and_reset_restart_the_envs_with_new_trajectories(env_bac
             firsts.append(batches[0])
             old, new = (set(b["collector", "traj_ids"].tolist()) for b in batches)
             assert len(new - old) >= 3
-    env = firsts[0]["collector", "env_id"]
-    first_obs = [firsts[k]["observation"][env == 0][0] for k in range(2)]
+    first_obs = [first["observation"][first["collector", "env_id"] == 0][0] for first in firsts]
     assert torch.equal(*first_obs), "the same seed gives env 0 the same first observation"
 
 
