@@ -79,3 +79,22 @@ class AsyncCountEnv:
         if self.gate is not None:
             await self.gate(self._env.env_id, self._env.steps)
         return self._env.step(action)
+
+
+def assert_refused_before_build(error: type[BaseException], match: str, **kwargs: Any) -> None:
+    """``AsyncBatchedCollector([make, make], frames_per_batch=10, **kwargs)`` raises ``error``
+    (message matching ``match``) before either env factory is called."""
+    import pytest
+
+    from aiocollect import AsyncBatchedCollector
+
+    built: list[int] = []
+
+    def make() -> gym.Env:
+        built.append(1)
+        return CountEnv(0)
+
+    args: dict[str, Any] = {"frames_per_batch": 10, **kwargs}
+    with pytest.raises(error, match=match):
+        AsyncBatchedCollector(args.pop("create_env_fn", [make, make]), **args)
+    assert not built, "nothing is built before the arguments are checked"

@@ -22,7 +22,7 @@ import anyio.lowlevel
 import gymnasium as gym
 import pytest
 import torch
-from _central_envs import AsyncCountEnv, CountEnv, Parity
+from _central_envs import AsyncCountEnv, CountEnv, Parity, assert_refused_before_build
 from _leaks import still_running
 
 from aiocollect import AsyncBatchedCollector, Collector, InferenceError, ReplayBuffer, WorkerError
@@ -314,16 +314,7 @@ def test_the_blocking_twin_collects() -> None:
     ],
 )
 def test_bad_arguments_fail_before_anything_is_built(kwargs: dict[str, Any], error: type, match: str) -> None:
-    built: list[int] = []
-
-    def make() -> gym.Env:
-        built.append(1)
-        return CountEnv(0)
-
-    args: dict[str, Any] = {"create_env_fn": [make, make], "frames_per_batch": 10, **kwargs}
-    with pytest.raises(error, match=match):
-        AsyncBatchedCollector(args.pop("create_env_fn"), **args)
-    assert not built
+    assert_refused_before_build(error, match, **kwargs)
 
 
 @pytest.mark.parametrize(

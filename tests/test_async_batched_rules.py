@@ -15,10 +15,9 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
-import gymnasium as gym
 import pytest
 import torch
-from _central_envs import AsyncCountEnv, CountEnv
+from _central_envs import AsyncCountEnv, CountEnv, assert_refused_before_build
 
 from aiocollect import AsyncBatchedCollector, InferenceError
 
@@ -210,15 +209,7 @@ async def test_coroutine_env_rules_reach_the_envs() -> None:
     ],
 )  # fmt: skip
 def test_bad_rules_fail_before_anything_is_built(kwargs: dict[str, Any], error: type, match: str) -> None:
-    built: list[int] = []
-
-    def make() -> gym.Env:
-        built.append(1)
-        return CountEnv(0)
-
-    with pytest.raises(error, match=match):
-        AsyncBatchedCollector([make, make], frames_per_batch=10, **kwargs)
-    assert not built
+    assert_refused_before_build(error, match, **kwargs)
 
 
 async def test_env_rules_on_gymnasium_envs_are_refused_with_the_reason() -> None:

@@ -14,10 +14,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import anyio
-import gymnasium as gym
 import pytest
 import torch
-from _central_envs import CountEnv, Parity
+from _central_envs import CountEnv, Parity, assert_refused_before_build
 
 from aiocollect import AsyncBatchedCollector
 
@@ -146,12 +145,4 @@ async def test_driver_affinity_places_the_collectors_thread() -> None:
 def test_what_aiocollect_does_otherwise_is_refused_before_anything_is_built(
     kwargs: dict[str, Any], error: type, match: str
 ) -> None:
-    built: list[int] = []
-
-    def make() -> gym.Env:
-        built.append(1)
-        return CountEnv(0)
-
-    with pytest.raises(error, match=match):
-        AsyncBatchedCollector([make, make], frames_per_batch=10, **kwargs)
-    assert not built
+    assert_refused_before_build(error, match, **kwargs)
