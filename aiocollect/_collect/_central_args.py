@@ -168,6 +168,8 @@ def _mask(name: str, cpus: Any) -> list[int]:
     if isinstance(cpus, (str, bytes)) or not isinstance(cpus, Sequence) or not cpus:
         raise TypeError(f"{name} must be a non-empty list of CPU numbers, got {cpus!r}")
     mask = [check_int(name, c, minimum=0) for c in cpus]
+    if not hasattr(os, "sched_getaffinity"):  # pragma: no cover - not Linux
+        raise RuntimeError(f"{name} sets CPU affinity, which needs Linux (os.sched_setaffinity); drop it")
     allowed = os.sched_getaffinity(0)
     outside = sorted(set(mask) - allowed)
     if outside:
