@@ -10,7 +10,8 @@ from typing import Any
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
-from .._core._validate import check_int, check_seconds
+from .._core._validate import check_choice, check_int, check_seconds
+from .._envs._pool import ON_ERROR, ON_TIMEOUT
 from .._rollout._coro import CoroutinePolicy, is_coroutine_policy
 from .._serve._build import ENV_BACKENDS, CentralEnvs
 from .._serve._slots import default_shard_count, shard_rows
@@ -347,12 +348,10 @@ def _check_fns(create_env_fn: Any) -> list[Any]:
 def _check_rules(on_policy_timeout: Any, on_policy_error: Any, step_timeout: Any, on_timeout: Any, on_error: Any,
                  env_backend: str) -> dict[str, Any]:  # fmt: skip
     """The failure rules, checked; returns the coroutine envs' (empty when all are defaults)."""
-    for name, value, allowed in (("on_policy_timeout", on_policy_timeout, ("error", "truncate")),
-                                 ("on_policy_error", on_policy_error, ("raise", "reset")),
-                                 ("on_timeout", on_timeout, ("error", "truncate")),
-                                 ("on_error", on_error, ("raise", "reset"))):  # fmt: skip
-        if value not in allowed:
-            raise ValueError(f"{name} must be {allowed[0]!r} or {allowed[1]!r}, got {value!r}")
+    for name, value, allowed in (("on_policy_timeout", on_policy_timeout, ON_TIMEOUT),
+                                 ("on_policy_error", on_policy_error, ON_ERROR),
+                                 ("on_timeout", on_timeout, ON_TIMEOUT), ("on_error", on_error, ON_ERROR)):  # fmt: skip
+        check_choice(name, value, allowed)
     if step_timeout is not None:
         check_seconds("step_timeout", step_timeout)
     rules = {k: v for k, v, default in (("step_timeout", step_timeout, None), ("on_timeout", on_timeout, "error"),

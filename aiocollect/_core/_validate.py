@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any, Literal, overload
 
-__all__ = ["check_bool", "check_int", "check_seconds"]
+__all__ = ["check_bool", "check_choice", "check_int", "check_seconds"]
 
 
 def _int_rule(minimum: int, allow_none: bool) -> str:
@@ -72,4 +72,15 @@ def check_bool(name: str, value: Any) -> bool:
     """
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {value!r}")
+    return value
+
+
+def check_choice(name: str, value: Any, allowed: tuple[str, str]) -> str:
+    """Return ``value`` if it is one of the two ``allowed`` strings.
+
+    Raises:
+        ValueError: ``value`` is anything else (``"on_error must be 'raise' or 'reset', got 'x'"``).
+    """
+    if not isinstance(value, str) or value not in allowed:
+        raise ValueError(f"{name} must be {allowed[0]!r} or {allowed[1]!r}, got {value!r}")
     return value

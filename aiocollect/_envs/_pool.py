@@ -16,17 +16,19 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._core._errors import EnvTimeoutError, note_once
-from .._core._validate import check_int
+from .._core._validate import check_choice, check_int
 from . import _gcfreeze
 from ._base import AsyncBatchedEnv, StepArrays
 from ._gather import each
 from ._gym_spaces import Source, fast_row_writer, flatten_space, to_gym_action, write_row
 from ._specs import EnvSpec, NestedKey
 
-__all__ = ["AsyncEnv", "AsyncEnvPool", "PoolCounters"]
+__all__ = ["ON_ERROR", "ON_TIMEOUT", "AsyncEnv", "AsyncEnvPool", "PoolCounters"]
 
 #: Pools at least this large freeze the garbage collector by default (``gc_freeze=None``).
 GC_FREEZE_MIN_ENVS = 256
+#: The failure rules of an env step (and of a coroutine policy call): stop, or end the trajectory.
+ON_TIMEOUT, ON_ERROR = ("error", "truncate"), ("raise", "reset")
 
 
 class AsyncEnv(Protocol):
@@ -118,10 +120,8 @@ class AsyncEnvPool(AsyncBatchedEnv):
         if step_timeout is not None and (isinstance(step_timeout, bool) or not isinstance(step_timeout, (int, float))
                                          or not step_timeout > 0):  # fmt: skip
             raise ValueError(f"step_timeout must be a positive number of seconds or None, got {step_timeout!r}")
-        if on_timeout not in ("error", "truncate"):
-            raise ValueError(f"on_timeout must be 'error' or 'truncate', got {on_timeout!r}")
-        if on_error not in ("raise", "reset"):
-            raise ValueError(f"on_error must be 'raise' or 'reset', got {on_error!r}")
+        check_choice("on_timeout", on_timeout, ON_TIMEOUT)
+        check_choice("on_error", on_error, ON_ERROR)
         check_int("min_ready", min_ready, allow_none=True)
         if min_ready is not None and min_ready > len(envs):
             raise ValueError(f"min_ready must be at most the number of envs ({len(envs)}), got {min_ready}")

@@ -77,7 +77,7 @@ class MultiCollectorBase(EngineWeights, WorkerCalls, CollectorLifecycle):
         rb, memory = self._rb, self._transport_class.memory
         # TorchRL buffers take whole batches from the parent, and so does a storage on a device
         # (the parent copies each batch there).
-        direct = rb is not None and rb.direct_writes and getattr(rb.storage, "device", None) is None
+        direct = rb is not None and rb.direct_writes and rb.storage.device is None
         if direct and memory == "host" and not rb.storage.shareable:
             if rb.storage.built:
                 raise TypeError(
