@@ -68,3 +68,13 @@ async def test_nccl_batches_and_weights_travel_between_gpus() -> None:
     assert first.device.type == "cuda" and all(b.device.type == "cuda" for b in rest)
     assert all((b[VERSION] == 1).all() for b in rest)
     assert all((b["action"][b["observation"][..., 2] > 0] == 0).all() for b in rest)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() != 1, reason="the refusal of one GPU needs a machine with exactly one")
+def test_nccl_on_a_one_gpu_machine_is_refused_before_any_node_starts() -> None:
+    # NCCL itself answers two ranks on one GPU with "Duplicate GPU detected" (seen on an H200,
+    # tools/device/nccl_same_gpu.py); the collector says so, with the fix, and starts nothing.
+    with pytest.raises(ValueError, match=r"needs at least 2 GPUs .* has 1; use backend='gloo'"):
+        DistributedCollector(ENVS[:1], scripted().to("cuda"), frames_per_batch=10, launcher="mp", backend="nccl",
+                             device="cuda")  # fmt: skip
