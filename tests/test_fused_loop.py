@@ -41,6 +41,16 @@ class Continuous(nn.Module):
         return torch.tanh(self.net(obs)) * 2.0
 
 
+class NeedsGrad(Continuous):
+    """Returns an action that needs grad (its forward re-enables it): both loops detach it."""
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        with torch.enable_grad():
+            out = super().forward(obs)
+        assert out.requires_grad
+        return out
+
+
 def _vec(env_id: str, mode: AR) -> Callable[[], gym.vector.VectorEnv]:
     return lambda: gym.make_vec(env_id, 4, vectorization_mode="sync", vector_kwargs={"autoreset_mode": mode})
 
@@ -51,6 +61,7 @@ CASES: dict[str, tuple[Callable[[], Any], type[nn.Module]]] = {
     "cartpole-vec-next-step": (_vec("CartPole-v1", AR.NEXT_STEP), Discrete),
     "pendulum-vec-same-step": (_vec("Pendulum-v1", AR.SAME_STEP), Continuous),
     "pendulum-single": (lambda: gym.make("Pendulum-v1", max_episode_steps=30), Continuous),
+    "pendulum-vec-action-needs-grad": (_vec("Pendulum-v1", AR.SAME_STEP), NeedsGrad),
 }
 
 

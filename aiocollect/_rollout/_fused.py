@@ -77,10 +77,11 @@ def run_fused(r: Any, env: BatchedEnv, preempt: Callable[[], bool] | None, inter
         out_np = views.out_np
         for k in action_keys:
             a = out[k]
-            try:
-                a_np = a.numpy()
-            except (RuntimeError, TypeError):  # on another device, or needs grad
-                a_np = a.detach().cpu().numpy()
+            # Asked, not tried: a numpy() that raises costs an exception per step (8% of the
+            # collector's time with a CUDA policy, profiled on an H200).
+            if a.device.type != "cpu" or a.requires_grad:
+                a = a.detach().cpu()
+            a_np = a.numpy()
             out_np[k][...] = a_np
             action[k] = a_np
         if views.traj_np is not None:
