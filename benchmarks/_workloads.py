@@ -149,7 +149,13 @@ KEYS = ("observation", "action", "next_observation", "reward", "terminated", "tr
 
 
 def bare_loop(
-    env_fn: Callable[[], Any], policy: nn.Module, fpb: int, total: int, *, same_step: bool = True
+    env_fn: Callable[[], Any],
+    policy: nn.Module,
+    fpb: int,
+    total: int,
+    *,
+    same_step: bool = True,
+    device: str | None = None,
 ) -> Generator[dict[str, torch.Tensor], None, None]:
     """Yield batches of ``fpb`` real transitions, ``[T, N, ...]`` tensors named by ``KEYS``.
 
@@ -160,6 +166,10 @@ def bare_loop(
     the reset obs, the next input). With ``same_step=False`` on a NEXT_STEP vector env whatever
     gymnasium returns is recorded, including the phantom "reset" frame after every episode end:
     cheaper, but not the same data. A single env is reset by hand when it ends.
+
+    ``device``: the policy runs there (a GPU); the observations go to it from pinned host rows
+    with ``non_blocking=True`` and the action comes back with ``.cpu()``, the one wait per step
+    that stepping the env needs.
     """
     env = env_fn()
     try:
@@ -184,6 +194,8 @@ def bare_loop(
             "truncated": torch.zeros_like(flags),
             "done": torch.zeros_like(flags),
         }
+        if device is not None and torch.device(device).type == "cuda":
+            buf["observation"] = buf["observation"].pin_memory()
         obs, act, nxt, rew, term, trunc = (buf[k].numpy() for k in KEYS[:-1])
         rows = buf["observation"].unbind(0)  # the policy's input views, made once
         o, _ = env.reset()
@@ -192,7 +204,10 @@ def bare_loop(
             with torch.no_grad():
                 for t in range(T):
                     obs[t] = o
-                    a = policy(rows[t]).numpy()
+                    if device is None:
+                        a = policy(rows[t]).numpy()
+                    else:
+                        a = policy(rows[t].to(device, non_blocking=True)).cpu().numpy()
                     act[t] = a
                     if vec:
                         o, r, te, tr, info = env.step(a)

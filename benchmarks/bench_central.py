@@ -89,6 +89,7 @@ def run_row(row: str, workload: str, fpb: int, batches: int) -> float:
     # cores instead (its env workers idle while it runs), which the "2 torch threads" row does.
     torch.set_num_threads(2 if "2 torch threads" in row else 1)
     policy = _policy(workload)
+    dev = row.split("policy on ")[1].rstrip(")") if "policy on " in row else None
     make = functools.partial(wl.make_env, "CartPole-v1")
     total = fpb * (batches + 2)
     if row == "bare loop":
@@ -105,11 +106,14 @@ def run_row(row: str, workload: str, fpb: int, batches: int) -> float:
         elif row == "aiocollect MultiSyncCollector (2 workers)":
             vec = functools.partial(wl.make_vec, "CartPole-v1", N_ENVS // 2)
             c = MultiSyncCollector([vec, vec], policy, frames_per_batch=fpb, total_frames=total)
+        elif row.startswith("aiocollect MultiSyncCollector (2 workers, policy on"):
+            vec = functools.partial(wl.make_vec, "CartPole-v1", N_ENVS // 2)
+            c = MultiSyncCollector([vec, vec], policy, frames_per_batch=fpb, total_frames=total, policy_device=dev)
         else:
             backend = "threading" if "thread" in row else "multiprocessing"
             min_batch = 64 if "min_batch" in row else None
             c = AsyncBatchedCollector([make] * N_ENVS, policy=policy, frames_per_batch=fpb, total_frames=total,
-                                      env_backend=backend, min_batch_size=min_batch)  # fmt: skip
+                                      env_backend=backend, min_batch_size=min_batch, device=dev)  # fmt: skip
         with c:
             return _time_iter(iter(c), batches, _numel)
     from tensordict.nn import TensorDictModule
@@ -150,6 +154,14 @@ ROWS = {
 }
 SERVER_DELAY = 0.020
 CORO_ENVS = 256
+
+
+def gpu_rows(dev: str) -> list[str]:
+    """The heavy workload's rows with the policy on ``dev`` (``--heavy-device``; a GPU machine)."""
+    return [
+        f"aiocollect AsyncBatchedCollector (2 env processes, min_batch_size=64, policy on {dev})",
+        f"aiocollect MultiSyncCollector (2 workers, policy on {dev})",
+    ]
 
 
 def serve_model(port_file: str) -> None:
@@ -324,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frames-per-batch", type=int, default=3200)
     ap.add_argument("--batches", type=int, default=None, help="timed batches per run, after one warm-up (default 5)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per run")
+    ap.add_argument("--heavy-device", help="also run the heavy rows with the policy on this device (e.g. cuda)")
+    ap.add_argument("--only", action="append", metavar="TEXT", help="only the rows whose name holds TEXT (repeatable)")
     ap.add_argument("--serve", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.serve:
@@ -341,7 +355,12 @@ def main(argv: list[str] | None = None) -> int:
         f"timed batches of {args.frames_per_batch} frames",
         sys.executable,
     )
+    if args.heavy_device:
+        ROWS["heavy"] += gpu_rows(args.heavy_device)
+        TARGETS["heavy"] += [(gpu_rows(args.heavy_device)[0], "aiocollect MultiSyncCollector (2 workers)", 1.5)]
+        REFS["heavy"].append(gpu_rows(args.heavy_device)[1])
     plan = [(w, r) for w in workloads for r in ROWS[w] if not (no_torchrl and r.startswith("TorchRL"))]
+    plan = [(w, r) for w, r in plan if not args.only or any(text in r for text in args.only)]
 
     def config(key: tuple[str, str], _rep: int) -> dict[str, Any]:
         return {"workload": key[0], "row": key[1], "fpb": args.frames_per_batch, "batches": batches}

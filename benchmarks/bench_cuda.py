@@ -13,6 +13,14 @@ same rows on the host, to check the script itself. Rows, all in one process, rou
   ``batch.to(dev, non_blocking=True)`` (then a synchronize) of a batch of the same bytes.
 
     python benchmarks/bench_cuda.py [--quick] [--device cuda] [--json PATH]
+    python benchmarks/bench_cuda.py --paired 30   # bare loop, stored on the host, on the device
+
+``--paired N`` runs only the in-process sides, in one process, one batch of each per round (the
+order turning each round) for N rounds: the bare loop with the policy on the device (pinned
+observation rows, ``non_blocking`` to the device, ``.cpu()`` back: the tightest honest loop),
+and the collector storing on the host and on the device. Rows run one after the other can
+differ by the GPU's clocks alone. ``--single SIDE`` runs one side alone, for a sampling
+profiler.
 """
 
 from __future__ import annotations
@@ -109,16 +117,97 @@ def plain_move_ms(dev: str, repeats: int = 50) -> float:
     return h.median(times) * 1e3
 
 
+SIDES = ("bare loop", "stored on the host", "stored on the device")
+
+
+def _sides(dev: str) -> dict[str, Callable[[], Any]]:
+    """The three in-process ways to collect with the policy on ``dev``, as batch iterators."""
+    policy = wl.DiscretePolicy(4, 2).to(dev)
+
+    def make(store: bool) -> Any:
+        kw = {"storing_device": dev} if store else {}
+        c = aiocollect.SyncDataCollector(env8, policy, frames_per_batch=FPB, total_frames=-1, policy_device=dev, **kw)
+        return h.iter_shutdown(c)
+
+    return {
+        SIDES[0]: lambda: wl.bare_loop(env8, policy, FPB, 10**15, device=dev),
+        SIDES[1]: lambda: make(False),
+        SIDES[2]: lambda: make(True),
+    }
+
+
+def paired(dev: str, rounds: int) -> dict[str, list[float]]:
+    """Seconds per batch of each side, one batch of each per round, the order turning each round.
+
+    All three run side by side in one process from the start, so a drift of the GPU's clocks
+    or of the machine's speed hits them alike.
+    """
+    sync = torch.cuda.synchronize if dev.startswith("cuda") else (lambda: None)
+    its = {name: make() for name, make in _sides(dev).items()}
+    try:
+        for it in its.values():
+            for _ in range(3):  # warm-up: allocations, first calls
+                next(it)
+        times: dict[str, list[float]] = {name: [] for name in its}
+        names = list(its)
+        for i in range(rounds):
+            for name in names[i % 3 :] + names[: i % 3]:
+                t = time.perf_counter()
+                next(its[name])
+                sync()  # the device batch's copies are done, not only queued
+                times[name].append(time.perf_counter() - t)
+        return times
+    finally:
+        for it in its.values():
+            it.close()
+
+
+def single(dev: str, side: str, batches: int) -> int:
+    """Collect ``batches`` batches of one side only (for a sampling profiler)."""
+    it = _sides(dev)[side]()
+    try:
+        for _ in range(batches):
+            next(it)
+    finally:
+        it.close()
+    return 0
+
+
+def report_paired(dev: str, rounds: int, json_path: str | None) -> int:
+    times = paired(dev, rounds)
+    ms = {name: h.median(t) * 1e3 for name, t in times.items()}
+    plain = plain_move_ms(dev)
+    h.log(f"paired, {rounds} rounds (one batch of each side, order turning), policy on {dev}, {FPB} frames per batch:")
+    for name in SIDES:
+        x = h.median(h.pair_ratios(times[SIDES[0]], times[name]))
+        h.log(f"  {name:>22}: {ms[name]:6.2f} ms/batch ({FPB / ms[name] * 1e3:8,.0f} frames/s), x bare loop {x:.2f}")
+    h.log(f"  cost per batch of storing on {dev}: {ms[SIDES[2]] - ms[SIDES[1]]:.2f} ms; a plain to({dev!r}, "
+          f"non_blocking=True) of the same bytes: {plain:.2f} ms")  # fmt: skip
+    if json_path:
+        import json
+
+        with open(json_path, "w") as f:
+            json.dump({"rounds": rounds, "ms_per_batch": ms, "plain_move_ms": plain}, f)
+    return 0
+
+
 def main() -> int:
     ap = h.parser(__doc__, quick="one short run per row", repeats="timed runs per row (default 3)",
                   no_torchrl="leave TorchRL's rows out", strict=False)  # fmt: skip
     ap.add_argument("--device", default="cuda", help="where the policy runs (default cuda)")
+    ap.add_argument("--paired", type=int, metavar="N", help="only the in-process sides, N rounds in one process")
+    ap.add_argument("--single", choices=SIDES, help="only this side, --batches batches (for a sampling profiler)")
+    ap.add_argument("--batches", type=int, default=60, help="batches for --single (default 60)")
     args = ap.parse_args()
     dev = args.device
     if dev.startswith("cuda") and not torch.cuda.is_available():
         print("bench_cuda: no CUDA device here; pass --device cpu to check the script on the host")
         return 2
     torch.set_num_threads(1)
+    if args.single:
+        return single(dev, args.single, args.batches)
+    if args.paired:
+        return report_paired(dev, args.paired, args.json)
     session = h.Session("torch", "tensordict", "gymnasium", "torchrl", "aiocollect")
     card = torch.cuda.get_device_name(0) if dev.startswith("cuda") else "no GPU (host run)"
     session.header(f"bench_cuda: policy on {dev}, frames_per_batch={FPB}", card)

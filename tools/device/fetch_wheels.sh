@@ -20,6 +20,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
     tensordict==0.14.3 torchrl==0.14.1 gymnasium==1.4.0 farama-notifications==0.0.6 \
     pyvers hoptorch orjson importlib-metadata lazy-importer \
     trio outcome sniffio anyio==4.16.0 \
-    pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 pytest-asyncio==1.5.0 pytest-timeout==2.4.0
+    pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 pytest-asyncio==1.5.0 pytest-timeout==2.4.0 \
+    py-spy==0.4.3
 du -sh .whl
 ls .whl
