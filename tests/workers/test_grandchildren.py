@@ -161,7 +161,10 @@ def test_killing_the_parent_ends_every_descendant(tmp_path: Path, env: str, coll
         pytest.importorskip("torch.distributed.rpc")
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent(PARENT_KILLED.format(workers=str(Path(__file__).parent))))
-    proc, leaked = run_script([sys.executable, str(script), env, collector], timeout=150, env=SCRIPT_ENV)
+    # A SIGKILLed process cannot remove its multiprocessing temp dir (/tmp/pymp-*, the fork
+    # server's socket): give it one under tmp_path, which pytest cleans up.
+    run_env = {**SCRIPT_ENV, "TMPDIR": str(tmp_path)}
+    proc, leaked = run_script([sys.executable, str(script), env, collector], timeout=150, env=run_env)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert leaked == []
 
