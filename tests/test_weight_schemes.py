@@ -64,18 +64,24 @@ def all_new(batch: Any, policy: BiasedPolicy, version: int) -> bool:
 
 
 async def until_every_worker_is_new(c: Any, policy: BiasedPolicy, version: int, workers: int) -> set[int]:
-    """Read batches until each worker delivered one collected with ``policy``; none mixes versions."""
+    """Read batches until each worker delivered one collected with ``policy``; none mixes versions.
+
+    Bounded by time, not by a count of batches: a MultiAsyncCollector yields batches as they
+    arrive, and on a loaded machine one worker can deliver a dozen tiny batches while the
+    other is not scheduled at all (seen once in a full suite run: 14 batches, all from one
+    worker). A worker the update never reaches is still caught: it is missing when the
+    deadline passes.
+    """
     seen: set[int] = set()
-    for _ in range(6 * workers + 2):
-        batch = await c.__anext__()
-        parts = batch.unbind(0) if batch.ndim > 2 else [batch]
-        for part in parts:
-            assert part[VERSION].unique().numel() == 1  # no batch mixes two versions
-            if int(part[VERSION].flatten()[0]) == version:
-                assert all_new(part, policy, version)
-                seen.add(int(part[WORKER].flatten()[0]))
-        if len(seen) == workers:
-            break
+    with anyio.move_on_after(30):
+        while len(seen) < workers:
+            batch = await c.__anext__()
+            parts = batch.unbind(0) if batch.ndim > 2 else [batch]
+            for part in parts:
+                assert part[VERSION].unique().numel() == 1  # no batch mixes two versions
+                if int(part[VERSION].flatten()[0]) == version:
+                    assert all_new(part, policy, version)
+                    seen.add(int(part[WORKER].flatten()[0]))
     return seen
 
 
