@@ -51,6 +51,20 @@ class NeedsGrad(Continuous):
         return out
 
 
+class Int32Actions(Discrete):
+    """Int32 action indices: stored as the spec's int64, and converted for the env."""
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return super().forward(obs).to(torch.int32)
+
+
+class Walk(nn.Module):
+    """A fixed walk on FrozenLake's int observation (a 0-d int64 tensor, not a numpy array)."""
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return (obs * 7 + 1) % 4
+
+
 def _vec(env_id: str, mode: AR) -> Callable[[], gym.vector.VectorEnv]:
     return lambda: gym.make_vec(env_id, 4, vectorization_mode="sync", vector_kwargs={"autoreset_mode": mode})
 
@@ -62,6 +76,8 @@ CASES: dict[str, tuple[Callable[[], Any], type[nn.Module]]] = {
     "pendulum-vec-same-step": (_vec("Pendulum-v1", AR.SAME_STEP), Continuous),
     "pendulum-single": (lambda: gym.make("Pendulum-v1", max_episode_steps=30), Continuous),
     "pendulum-vec-action-needs-grad": (_vec("Pendulum-v1", AR.SAME_STEP), NeedsGrad),
+    "cartpole-vec-int32-actions": (_vec("CartPole-v1", AR.SAME_STEP), Int32Actions),
+    "frozenlake-single-int-observation": (lambda: gym.make("FrozenLake-v1"), Walk),
 }
 
 

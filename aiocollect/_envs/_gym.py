@@ -95,6 +95,9 @@ class _GymBase(BatchedEnv):
         self._act_key = self._act_leaves[0].key
         self._act_dtype = getattr(self._act_leaves[0].space, "dtype", None) if self._plain_act else None
         self._act_int = self._plain_act and self._act_leaves[0].spec.kind == "discrete"
+        # Whether `_step_numpy` (the fused loop's step) takes this env's actions: one plain
+        # array of a known dtype (and, for a vector env, one plain observation array).
+        self.step_numpy_ok = self._plain_act and self._act_dtype is not None
 
     def _write_reset(self, obs: Any) -> None:
         """Copy a whole reset observation into ``_reset_obs`` (numpy for a plain array: as `_step_arrays`)."""
@@ -154,24 +157,41 @@ class _GymSingle(_GymBase):
 
     def _step_arrays(self, action: dict[NestedKey, Any], out: StepOut | None = None) -> StepArrays:
         obs, reward, term, trunc, _ = self.env.step(self._gym_action(action, single=True))
-        if out is not None and type(obs) is np.ndarray and obs.shape == self._plain_shape and self._plain_obs:
-            # One plain array of the promised shape: numpy writes straight into the
-            # collector's storage (a fraction of the cost of torch ops on 0-d tensors).
-            out.next_obs_np[self._obs_key][...] = obs
-            rew, term_dst, trunc_dst, done = out.flags_np
-            rew[()] = float(reward)
-            te, tr = bool(term), bool(trunc)
-            term_dst[()], trunc_dst[()], done[()] = te, tr, te or tr
+        if out is not None:
+            self._write_step(out, obs, reward, term, trunc)
             flags = out.flags
             return out.next_obs, flags[0], flags[1], flags[2]
-        dst = self._obs if out is None else out.next_obs
-        write_obs(self._obs_leaves, obs, dst, self._src, "step()")
+        write_obs(self._obs_leaves, obs, self._obs, self._src, "step()")
         return (
-            dst,
+            self._obs,
             torch.tensor(float(reward), dtype=torch.float32),
             torch.tensor(bool(term)),
             torch.tensor(bool(trunc)),
         )
+
+    def _step_numpy(self, action: np.ndarray, out: StepOut) -> None:
+        """`_step_arrays` for the fused loop: a numpy action, everything written into ``out``.
+
+        Returns ``None``: a single env never resets itself (the caller checks ``done``).
+        """
+        if self._act_int:
+            obs, reward, term, trunc, _ = self.env.step(int(action))
+        else:
+            a = action if action.dtype == self._act_dtype else action.astype(self._act_dtype)
+            obs, reward, term, trunc, _ = self.env.step(a)
+        self._write_step(out, obs, reward, term, trunc)
+
+    def _write_step(self, out: StepOut, obs: Any, reward: Any, term: Any, trunc: Any) -> None:
+        if type(obs) is np.ndarray and obs.shape == self._plain_shape and self._plain_obs:
+            # One plain array of the promised shape: numpy writes straight into the
+            # collector's storage (a fraction of the cost of torch ops on 0-d tensors).
+            out.next_obs_np[self._obs_key][...] = obs
+        else:
+            write_obs(self._obs_leaves, obs, out.next_obs, self._src, "step()")
+        rew, term_dst, trunc_dst, done = out.flags_np
+        rew[()] = float(reward)
+        te, tr = bool(term), bool(trunc)
+        term_dst[()], trunc_dst[()], done[()] = te, tr, te or tr
 
 
 class _GymVector(_GymBase):
@@ -187,6 +207,7 @@ class _GymVector(_GymBase):
         self._no_rows = bytes(env.num_envs)  # a row mask's bytes when no row is selected
         self._stashed = False  # this step copied every row's next observation into _reset_obs
         self._ended: np.ndarray | None = None  # the rows gymnasium reset in this step (_step_into)
+        self.step_numpy_ok = self.step_numpy_ok and self._plain_obs
 
     def _reset_arrays(self, mask: Any, seeds: Sequence[int] | None) -> dict[NestedKey, torch.Tensor]:
         seed = None if seeds is None else [int(s) for s in seeds]
@@ -216,7 +237,8 @@ class _GymVector(_GymBase):
         self._stashed, self._ended = False, None
         obs, reward, term, trunc, info = self.env.step(self._gym_action(action, single=False))
         if isinstance(out, StepOut) and self._plain_obs:
-            return self._step_into(out, obs, reward, term, trunc, info)
+            self._step_into(out, obs, reward, term, trunc, info)
+            return out.next_obs, out.flags[0], out.flags[1], out.flags[2]
         dst = self._obs if out is None else out.next_obs  # the collector's storage: one copy fewer
         write_obs(self._obs_leaves, obs, dst, self._src, "step()")
         reward = np.asarray(reward, dtype=np.float32)
@@ -236,6 +258,21 @@ class _GymVector(_GymBase):
             for i in np.flatnonzero(self._auto_reset):
                 write_row(self._obs_leaves, info["final_obs"][i], dst, int(i), self._src, "step()", _final(i))
         return dst, torch.from_numpy(reward), torch.from_numpy(term), torch.from_numpy(trunc)
+
+    def _step_numpy(self, action: np.ndarray, out: StepOut) -> np.ndarray | None:
+        """`_step_arrays` for the fused loop: a numpy action, everything written into ``out``.
+
+        One call per step instead of three (the action's conversion, the step, the writes):
+        at CartPole's size the calls cost as much as the writes. Returns the rows that ended
+        when this step already reset exactly those (SAME_STEP: every row's next input is then
+        ``_reset_obs``, whole, and the stash is taken, as `_autoreset_rows`); else ``None``,
+        and the caller checks ``done`` as after `_step_arrays`.
+        """
+        self._stashed, self._ended = False, None
+        if action.dtype != self._act_dtype:
+            action = action.astype(self._act_dtype)
+        obs, reward, term, trunc, info = self.env.step(action)
+        return self._step_into(out, obs, reward, term, trunc, info, take=True)
 
     def _autoreset_rows(self, done: np.ndarray) -> np.ndarray | None:
         """`_reset_arrays(done)` for the fused loop, when the step just taken already did it.
@@ -268,9 +305,13 @@ class _GymVector(_GymBase):
             raise obs_shape_error(self._src, self._obs_leaves[0], obs, self._flag_shape, "step()")
         self._check_flags(reward, term, trunc)
 
-    def _step_into(self, out: StepOut, obs: Any, reward: Any, term: Any, trunc: Any, info: Any) -> StepArrays:
+    def _step_into(
+        self, out: StepOut, obs: Any, reward: Any, term: Any, trunc: Any, info: Any, take: bool = False
+    ) -> np.ndarray | None:
         # Everything lands in the collector's storage with numpy writes, which cost far less
-        # than torch ones at this size; the collector sees its own tensors come back.
+        # than torch ones at this size. Returns the rows gymnasium reset (SAME_STEP), if any;
+        # with ``take``, only when they are the rows that ended, taking the stash (as
+        # `_autoreset_rows`, inline: this runs at most steps of a vector env).
         key = self._obs_leaves[0].key
         dst = out.next_obs_np[key]
         rew, term_dst, trunc_dst, done = out.flags_np
@@ -293,16 +334,23 @@ class _GymVector(_GymBase):
             # gymnasium returned reset observations for finished rows and put the terminal
             # ones in info: keep the former for the collector, record the latter.
             self._auto_reset[...] = info["_final_obs"]
-            np.copyto(self._reset_obs_np[key], dst)
+            self._reset_obs_np[key][...] = dst
             self._stashed = True
             final, row = info["final_obs"], self._plain_shape[1:]  # type: ignore[index]
-            self._ended = ended = np.flatnonzero(self._auto_reset)
+            self._ended = ended = self._auto_reset.nonzero()[0]  # np.flatnonzero's work, without its wrapper
             for i in ended:
                 f = final[i]
                 if getattr(f, "shape", None) != row and np.shape(f) != row:
                     raise obs_shape_error(self._src, self._obs_leaves[0], f, (), "step()", _final(i))
                 dst[i] = f
-        return out.next_obs, out.flags[0], out.flags[1], out.flags[2]
+            if take:
+                auto = self._auto_reset
+                if done.tobytes() != auto.tobytes():
+                    return None  # other rows ended too: the stash stays for _reset_arrays
+                auto[:] = False
+                self._stashed, self._ended = False, None
+            return ended
+        return None
 
 
 def _final(i: Any) -> str:

@@ -56,10 +56,13 @@ def run_fused(r: Any, env: BatchedEnv, preempt: Callable[[], bool] | None, inter
     # Vector envs whose step already reset the rows that ended (gymnasium's SAME_STEP) say so,
     # and then hold every row's next input whole: no reset call, no merge.
     autoreset_rows = getattr(env, "_autoreset_rows", None)
-    if autoreset_rows is not None:
-        reset_obs = env._reset_obs  # type: ignore[attr-defined]
-        reset_obs_np = {k: r._np(v) for k, v in reset_obs.items()}
-        start_trajs = r.start_trajs
+    reset_obs = getattr(env, "_reset_obs", None)
+    reset_obs_np = None if reset_obs is None else {k: r._np(v) for k, v in reset_obs.items()}
+    start_trajs = r.start_trajs
+    # The adapter's one-call step for a single numpy action (gymnasium's plain spaces).
+    step_numpy = (
+        getattr(env, "_step_numpy", None) if len(action_keys) == 1 and getattr(env, "step_numpy_ok", False) else None
+    )
     for t in range(r.T):
         # A preempted batch still takes its first step (TorchRL checks after each step).
         if t and preempt is not None and preempt():
@@ -79,37 +82,46 @@ def run_fused(r: Any, env: BatchedEnv, preempt: Callable[[], bool] | None, inter
             a = out[k]
             # Asked, not tried: a numpy() that raises costs an exception per step (8% of the
             # collector's time with a CUDA policy, profiled on an H200).
-            if a.device.type != "cpu" or a.requires_grad:
+            if not a.is_cpu or a.requires_grad:
                 a = a.detach().cpu()
             a_np = a.numpy()
             out_np[k][...] = a_np
             action[k] = a_np
         if views.traj_np is not None:
             views.traj_np[...] = r._traj_np
-        obs, reward, term, trunc = step(action, views)
-        # Rollout._record_fast, inline (adapters that honour ``out`` wrote the step in place
-        # and hand the storage's own tensors back: then there is nothing to copy).
-        next_obs = views.next_obs
-        if obs is not next_obs:
-            for k, dst in next_obs.items():
-                if obs[k] is not dst:
-                    dst.copy_(obs[k])
-        for k, dst in views.next_extra:
-            dst.copy_(obs[k])
-        flags = views.flags
-        if reward is not flags[0]:
-            rew, term_dst, trunc_dst, done = flags
-            rew.copy_(reward)
-            term_dst.copy_(term)
-            trunc_dst.copy_(trunc)
-            logical_or(term, trunc, out=done)
-        r.obs, r._obs_np = next_obs, views.next_obs_np
-        r.steps_done += 1
+        if step_numpy is not None:
+            ended = step_numpy(a_np, views)
+            r.steps_done += 1
+            if ended is not None:  # the rows the step reset, and every row's next input
+                r.obs, r._obs_np = reset_obs, reset_obs_np
+                start_trajs(ended)
+                continue
+            r.obs, r._obs_np = views.next_obs, views.next_obs_np
+        else:
+            obs, reward, term, trunc = step(action, views)
+            # Rollout._record_fast, inline (adapters that honour ``out`` wrote the step in place
+            # and hand the storage's own tensors back: then there is nothing to copy).
+            next_obs = views.next_obs
+            if obs is not next_obs:
+                for k, dst in next_obs.items():
+                    if obs[k] is not dst:
+                        dst.copy_(obs[k])
+            for k, dst in views.next_extra:
+                dst.copy_(obs[k])
+            flags = views.flags
+            if reward is not flags[0]:
+                rew, term_dst, trunc_dst, done = flags
+                rew.copy_(reward)
+                term_dst.copy_(term)
+                trunc_dst.copy_(trunc)
+                logical_or(term, trunc, out=done)
+            r.obs, r._obs_np = next_obs, views.next_obs_np
+            r.steps_done += 1
         done_np = views.flags_np[3]
         if done_np.tobytes() != no_done:
             rows = None if autoreset_rows is None else autoreset_rows(done_np)
             if rows is None:
-                mask = done_np if numpy_masks else flags[3]
+                mask = done_np if numpy_masks else views.flags[3]
                 apply_reset(reset(mask, None), mask)
                 continue
             # Rollout._apply_reset_np for a whole reset observation.

@@ -144,13 +144,18 @@ class Rollout(RolloutOutput):
 
     def start_trajs(self, rows: Any) -> None:
         """New trajectory ids and zero step counts for ``rows`` (flat indices, one int, or ``()``)."""
-        if isinstance(rows, np.ndarray) and len(rows) == 1:
+        ids, steps = self._traj_np, self._steps_np
+        if isinstance(rows, tuple):  # a single env: 0-d, indexed by ()
+            ids[()], steps[()] = self.counter.take_one(), 0
+            return
+        if ids.ndim != 1:
+            ids, steps = ids.reshape(-1), steps.reshape(-1)  # views: flat rows
+        if isinstance(rows, np.ndarray):
+            if len(rows) != 1:
+                ids[rows], steps[rows] = self.counter.take_np(len(rows)), 0
+                return
             rows = int(rows[0])  # plain indexing: a fraction of the cost of fancy indexing
-        ids, steps = self._traj_np.reshape(-1), self._steps_np.reshape(-1)  # views: flat rows
-        if isinstance(rows, tuple):
-            ids, steps = self._traj_np, self._steps_np  # 0-d: indexed by ()
-        ids[rows] = self.counter.take_np(len(rows)) if isinstance(rows, np.ndarray) else self.counter.take_one()
-        steps[rows] = 0
+        ids[rows], steps[rows] = self.counter.take_one(), 0
 
     def _merge_reset_np(self, reset_obs: dict[NestedKey, torch.Tensor], mask: np.ndarray, rows: Any) -> None:
         """The reset rows of ``reset_obs`` over the current observation, into the carrier."""
