@@ -288,10 +288,32 @@ def paired_async(w: Workload, pairs: int, uvloop: bool) -> tuple[list[float], li
     return anyio.run(main, backend="asyncio", backend_options={"use_uvloop": True} if uvloop else {})
 
 
+def paired_loop(w: Workload, pairs: int) -> tuple[list[float], list[float]]:
+    """`paired` for the step loop alone: the collector's ``Rollout.collect`` called in this thread.
+
+    No portal, no lane thread: the gap between this row and SyncDataCollector's is what the
+    hand-offs between threads cost, the gap between this row and 1.00x the loop's own work.
+    """
+    bare = wl.bare_loop(w.env_fn(), w.policy, FPB, 10**15, same_step=True)
+    with aiocollect.SyncDataCollector(w.env_fn(), w.policy, frames_per_batch=FPB, total_frames=-1) as c:
+        next(iter(c))  # builds the env and the rollout's storage
+        rollout = c._async._rollout  # internal: this row is a diagnostic
+
+        def collect() -> None:
+            rollout.collect(False)
+
+        for _ in range(3):
+            next(bare), collect()
+        t_bare, t_loop = h.abba(lambda: h.timed(bare.__next__), lambda: h.timed(collect), pairs)
+    bare.close()
+    return t_bare, t_loop
+
+
 PAIRED_KINDS = (
     ("SyncDataCollector", lambda w, n: paired(w, n)),
     ("Collector (asyncio)", lambda w, n: paired_async(w, n, False)),
     ("Collector (uvloop)", lambda w, n: paired_async(w, n, True)),
+    ("step loop only", lambda w, n: paired_loop(w, n)),
 )
 
 
@@ -303,7 +325,9 @@ def run_paired(workloads: list[Workload], pairs: int) -> dict[str, dict[str, flo
             t_bare, t_aio = measure(w, pairs)
             key = w.title if name == "SyncDataCollector" else f"{w.title}, {name}"
             out[key] = h.ratio_summary(h.pair_ratios(t_bare, t_aio))
-            out[key].update(bare_us=h.median(t_bare) / FPB * 1e6, aio_us=h.median(t_aio) / FPB * 1e6, kind=name)
+            out[key].update(
+                bare_us=h.median(t_bare) / FPB * 1e6, aio_us=h.median(t_aio) / FPB * 1e6, kind=name, workload=w.title
+            )
     cols = [
         Col("workload", "{workload}", left=True),
         Col("collector", "{kind}", left=True),
@@ -311,7 +335,7 @@ def run_paired(workloads: list[Workload], pairs: int) -> dict[str, dict[str, flo
         Col("bare loop us/frame", "{bare_us:.1f}"),
         Col("aiocollect us/frame", "{aio_us:.1f}"),
     ]
-    rows = [{"workload": t.split(", Collector")[0], **s} for t, s in out.items()]
+    rows = list(out.values())
     log("\n" + "\n".join(h.markdown_table(cols, rows)))
     return out
 
@@ -372,8 +396,8 @@ def parse_args(argv: list[str] | None) -> Any:
         type=int,
         metavar="N",
         help="only the paired mode: N alternating batches of the bare loop and each collector (the blocking "
-        "SyncDataCollector, the async Collector on asyncio and on uvloop) in one process; prints the median "
-        "speed ratio (robust to machine drift)",
+        "SyncDataCollector, the async Collector on asyncio and on uvloop, and the step loop alone, called in "
+        "this thread) in one process; prints the median speed ratio (robust to machine drift)",
     )
     return ap.parse_args(argv)
 
