@@ -27,7 +27,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def run_script(tmp_path: Path, body: str) -> subprocess.Popen[str]:
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent(body))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # TMPDIR under tmp_path: a script these tests SIGKILL cannot remove its multiprocessing
+    # temp dir (/tmp/pymp-*, the fork server's socket); pytest cleans tmp_path up.
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
     return subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)  # fmt: skip
 
