@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from aiocollect import SyncDataCollector
+from aiocollect._envs import _gym
 from aiocollect._rollout import _fused, _rollout
 
 AR = gym.vector.AutoresetMode
@@ -83,18 +84,30 @@ CASES: dict[str, tuple[Callable[[], Any], type[nn.Module]]] = {
 
 def _batches(make_env: Callable[[], Any], policy: nn.Module, fused: bool, monkeypatch: pytest.MonkeyPatch) -> list:
     calls = []
+    numpy_steps = []
 
     def gate(r: Any, random: bool) -> bool:
         ok = fused and _fused.fused_ok(r, random)
         calls.append(ok)
         return ok
 
+    def counted(step: Callable[..., Any]) -> Callable[..., Any]:
+        def step_numpy(self: Any, action: Any, out: Any) -> Any:
+            numpy_steps.append(1)
+            return step(self, action, out)
+
+        return step_numpy
+
     with monkeypatch.context() as m:
         m.setattr(_rollout, "fused_ok", gate)
+        for cls in (_gym._GymSingle, _gym._GymVector):
+            m.setattr(cls, "_step_numpy", counted(cls._step_numpy))
         with SyncDataCollector(make_env, policy, frames_per_batch=200, total_frames=1000) as c:
             c.set_seed(7)
             batches = [b.clone() for b in c]
     assert calls and all(calls) == fused  # the loop under test really ran, every batch
+    # Every case has plain gymnasium spaces: the fused loop takes the adapter's one-call step.
+    assert (len(numpy_steps) == sum(b.batch_size[-1] for b in batches)) == fused
     return batches
 
 

@@ -97,7 +97,7 @@ class _GymBase(BatchedEnv):
         self._act_int = self._plain_act and self._act_leaves[0].spec.kind == "discrete"
         # Whether `_step_numpy` (the fused loop's step) takes this env's actions: one plain
         # array of a known dtype (and, for a vector env, one plain observation array).
-        self.step_numpy_ok = self._plain_act and self._act_dtype is not None
+        self._step_numpy_ok = self._plain_act and self._act_dtype is not None
 
     def _write_reset(self, obs: Any) -> None:
         """Copy a whole reset observation into ``_reset_obs`` (numpy for a plain array: as `_step_arrays`)."""
@@ -207,7 +207,7 @@ class _GymVector(_GymBase):
         self._no_rows = bytes(env.num_envs)  # a row mask's bytes when no row is selected
         self._stashed = False  # this step copied every row's next observation into _reset_obs
         self._ended: np.ndarray | None = None  # the rows gymnasium reset in this step (_step_into)
-        self.step_numpy_ok = self.step_numpy_ok and self._plain_obs
+        self._step_numpy_ok = self._step_numpy_ok and self._plain_obs
 
     def _reset_arrays(self, mask: Any, seeds: Sequence[int] | None) -> dict[NestedKey, torch.Tensor]:
         seed = None if seeds is None else [int(s) for s in seeds]

@@ -61,7 +61,7 @@ def run_fused(r: Any, env: BatchedEnv, preempt: Callable[[], bool] | None, inter
     start_trajs = r.start_trajs
     # The adapter's one-call step for a single numpy action (gymnasium's plain spaces).
     step_numpy = (
-        getattr(env, "_step_numpy", None) if len(action_keys) == 1 and getattr(env, "step_numpy_ok", False) else None
+        getattr(env, "_step_numpy", None) if len(action_keys) == 1 and getattr(env, "_step_numpy_ok", False) else None
     )
     for t in range(r.T):
         # A preempted batch still takes its first step (TorchRL checks after each step).
