@@ -272,7 +272,9 @@ class _GymVector(_GymBase):
         if action.dtype != self._act_dtype:
             action = action.astype(self._act_dtype)
         obs, reward, term, trunc, info = self.env.step(action)
-        return self._step_into(out, obs, reward, term, trunc, info, take=True)
+        if self._step_into(out, obs, reward, term, trunc, info) is None:
+            return None
+        return self._autoreset_rows(out.flags_np[3])
 
     def _autoreset_rows(self, done: np.ndarray) -> np.ndarray | None:
         """`_reset_arrays(done)` for the fused loop, when the step just taken already did it.
@@ -305,13 +307,9 @@ class _GymVector(_GymBase):
             raise obs_shape_error(self._src, self._obs_leaves[0], obs, self._flag_shape, "step()")
         self._check_flags(reward, term, trunc)
 
-    def _step_into(
-        self, out: StepOut, obs: Any, reward: Any, term: Any, trunc: Any, info: Any, take: bool = False
-    ) -> np.ndarray | None:
+    def _step_into(self, out: StepOut, obs: Any, reward: Any, term: Any, trunc: Any, info: Any) -> np.ndarray | None:
         # Everything lands in the collector's storage with numpy writes, which cost far less
-        # than torch ones at this size. Returns the rows gymnasium reset (SAME_STEP), if any;
-        # with ``take``, only when they are the rows that ended, taking the stash (as
-        # `_autoreset_rows`, inline: this runs at most steps of a vector env).
+        # than torch ones at this size. Returns the rows gymnasium reset (SAME_STEP), if any.
         key = self._obs_leaves[0].key
         dst = out.next_obs_np[key]
         rew, term_dst, trunc_dst, done = out.flags_np
@@ -343,12 +341,6 @@ class _GymVector(_GymBase):
                 if getattr(f, "shape", None) != row and np.shape(f) != row:
                     raise obs_shape_error(self._src, self._obs_leaves[0], f, (), "step()", _final(i))
                 dst[i] = f
-            if take:
-                auto = self._auto_reset
-                if done.tobytes() != auto.tobytes():
-                    return None  # other rows ended too: the stash stays for _reset_arrays
-                auto[:] = False
-                self._stashed, self._ended = False, None
             return ended
         return None
 
