@@ -131,3 +131,15 @@ def test_calls_the_loop_never_spawns_fail_instead_of_waiting_forever() -> None:
         launcher.start(never)
     callbacks.pop()()  # a spawn run after all (during the loop's shutdown) changes nothing
     assert isinstance(dropped.exception(), RuntimeError)
+
+
+def test_a_portal_stopped_for_good_does_not_start_again() -> None:
+    portal = Portal("B", "A")
+    assert portal.call(lambda: 1) == 1
+    portal.stop()
+    assert portal.call(lambda: 2) == 2  # a plain stop: the next call starts a new loop
+    portal.stop(final=True)
+    threads = set(threading.enumerate())
+    with pytest.raises(RuntimeError, match="stopped for good"):
+        portal.call(lambda: 3)
+    assert not portal.running and set(threading.enumerate()) <= threads

@@ -157,6 +157,7 @@ class Portal:
         self._wakeup: _Wakeup | None = None
         self._cancel: Callable[[], None] | None = None  # stops the loop without waiting
         self._lock = threading.Lock()
+        self._final = False  # stopped for good: no lazy restart
 
     def _check(self) -> None:
         if in_event_loop():
@@ -169,6 +170,8 @@ class Portal:
         self._check()
         with self._lock:
             if self._launcher is None:
+                if self._final:
+                    raise RuntimeError(f"the {self._names[0]} portal has stopped for good")
                 self._wakeup = _Wakeup()
                 started = _start_portal_thread(f"{self._names[0]} portal")
                 self._portal, self._launcher, self._thread, self._cancel = started
@@ -203,11 +206,15 @@ class Portal:
     def running(self) -> bool:
         return self._portal is not None
 
-    def stop(self) -> None:
+    def stop(self, *, final: bool = False) -> None:
         """Stop the portal's loop, join its thread and its worker threads. Idempotent.
 
+        The next call starts a new loop, unless ``final``: then it raises `RuntimeError`.
         A Ctrl-C meanwhile is raised once everything has stopped.
         """
+        if final:
+            with self._lock:
+                self._final = True
         if self._portal is None:
             return
         self._check()

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from .._core._portal import Portal
 from .._rollout._layout import BatchLayout, nested_batch_dims
 from .._workers._loop import SLOTS, report_failure
 from .._workers._messages import ApplyWeights, Close, Collect, Ready, Reset, Seed, WeightsApplied
@@ -85,12 +86,10 @@ def _layout(batch: Any) -> BatchLayout:
 
 class _Node:
     def __init__(self, channel: WorkerChannel, spec: NodeSpec) -> None:
-        from anyio.from_thread import start_blocking_portal
-
         self.channel, self.spec = channel, spec
         self.batches = 0
-        self._portal_cm = start_blocking_portal()
-        self.portal = self._portal_cm.__enter__()
+        # The blocking twins' portal: a call costs one thread round trip, not anyio's two.
+        self.portal = Portal("an aiocollect node", "an aiocollect node")
         self.collector: Any = None
         self.iterator: Any = None
         self.prefetched: Any = None
@@ -229,6 +228,6 @@ class _Node:
     def close(self) -> None:
         try:
             if self.collector is not None:
-                self.portal.call(self.collector.aclose)
+                self.portal.call(self.collector.aclose, interruptible=False)
         finally:
-            self._portal_cm.__exit__(None, None, None)
+            self.portal.stop(final=True)  # a late `interrupt` must not start a new loop
