@@ -89,7 +89,7 @@ class _Node:
         self.channel, self.spec = channel, spec
         self.batches = 0
         # The blocking twins' portal: a call costs one thread round trip, not anyio's two.
-        self.portal = Portal("an aiocollect node", "an aiocollect node")
+        self.portal = Portal("aiocollect node", "aiocollect node")
         self.collector: Any = None
         self.iterator: Any = None
         self.prefetched: Any = None
