@@ -9,6 +9,9 @@ heartbeat task runs on the same event loop the whole time. Per row it reports:
 
 * **close ms**: from ``break`` to ``async with`` returning (every node stopped and reaped,
   everything freed) and **gone ms**: to every node process having exited;
+* **first batch s**: from the constructor to the first batch (the nodes' start);
+* **node MB (own)**: the median node process's memory that it shares with no other process
+  (USS; a node forked from a fork server shares what the server imported);
 * **CPU ms / node-batch**: the trainer process's CPU time over the timed window per node batch
   it received (what each node costs the trainer);
 * **heartbeat p99 / max**: how late the trainer's event loop ran a 1 ms sleeper while
@@ -76,6 +79,7 @@ async def _measure(cfg: dict[str, Any]) -> dict[str, Any]:
                     out["first_s"] = time.perf_counter() - t0
                 if i == warm:
                     nodes = h.child_processes()[0] if cfg["kind"] != "inline" else []
+                    out["node_mb"] = _median_uss_mb(nodes)
                     cpu0, t_steady = me.cpu_times(), time.perf_counter()
                 if i == warm + n:
                     cpu1 = me.cpu_times()
@@ -104,6 +108,19 @@ async def _measure(cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _median_uss_mb(procs: list[Any]) -> float | None:
+    """The median node's own memory (USS: pages no other process shares), in MB."""
+    import psutil
+
+    sizes = []
+    for p in procs:
+        try:
+            sizes.append(p.memory_full_info().uss / 2**20)
+        except psutil.Error:
+            pass
+    return h.median(sizes) if sizes else None
+
+
 def child_main(cfg: dict[str, Any], t_start: float) -> dict[str, Any]:
     import warnings
 
@@ -125,6 +142,8 @@ COLUMNS = [
     Col("close ms", lambda r: h.fmt_n(r["close_s"] * 1e3)),
     Col("x 2 nodes", h.ratio("close_vs_2")),
     Col("gone ms", lambda r: h.fmt_n((r["gone_s"] or h.NAN) * 1e3)),
+    Col("first batch s", lambda r: h.fmt_n(r["first_s"], 2)),
+    Col("node MB (own)", lambda r: h.fmt_n(r["node_mb"] if r["node_mb"] is not None else h.NAN)),
     Col("trainer CPU ms / node-batch", lambda r: h.fmt_n(r["cpu_ms_per_node_batch"], 2)),
     Col("frames/s", lambda r: h.fmt_n(r["steady_fps"])),
     Col("heartbeat p99 ms (collecting)", lambda r: h.fmt_n(r["hb_steady_p99"], 1)),
@@ -170,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
                 "nodes": n,
                 "close_s": h.median(r["close_s"] for r in ok),
                 "gone_s": h.median(r["gone_s"] for r in ok) if all(r["gone_s"] is not None for r in ok) else None,
-                **h.medians(ok, ("cpu_ms_per_node_batch", "steady_fps")),
+                **h.medians(ok, ("cpu_ms_per_node_batch", "steady_fps", "first_s")),
+                "node_mb": h.median(r["node_mb"] for r in ok) if all(r.get("node_mb") for r in ok) else None,
                 "hb_steady_p99": h.median(r["hb_steady"]["p99_ms"] for r in ok),
                 "hb_close_p99": h.median(r["hb_close"]["p99_ms"] for r in ok),
                 "hb_close_max": max(r["hb_close"]["max_ms"] for r in ok),

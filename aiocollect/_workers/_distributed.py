@@ -34,12 +34,13 @@ import torch
 
 from .._core._errors import WorkerCrashedError, worker_error_from_message
 from .._core._notify import Notifier
-from ._distributed_node import control_key, torchrun_store_port
+from ._distributed_node import control_key, node_main, torchrun_store_port
 from ._distributed_options import check_options, local_node_gpu
 from ._launch_ray import check_ray_node_count
 from ._launchers import make_launcher
 from ._messages import ApplyWeights, BatchReady, Close, Command, Event, Exited, Failed, Ready
 from ._node_events import receive_events, take_events
+from ._prestart import node_preload
 from ._transport import Tensors, Transport
 from ._wire import (
     DATA_TAG,
@@ -136,7 +137,9 @@ class DistributedTransport(Transport):
         self._closed = False
         threading.Thread(target=self._accept, name="aiocollect-accept", daemon=True).start()
         store.set(control_key(), f"{addr}:{self._listener.getsockname()[1]}:{self._token}")
-        self._launcher = make_launcher(options)
+        self._launcher = make_launcher(
+            options, preload=node_preload(("torch.distributed", node_main.__module__), options["worker_main"])
+        )
 
     @property
     def store_port(self) -> int:
@@ -326,13 +329,28 @@ class DistributedTransport(Transport):
         self._notifier.notify_all()
 
     async def _exitcode(self, w: int) -> int | None:
-        rank = w + 1
+        await self._reap(w + 1, 5.0)
+        return self._launcher.exitcode(w + 1)
+
+    async def _reap(self, rank: int, grace: float) -> None:
+        """Give node ``rank``'s process ``grace`` seconds to end, then free it (killed if it has not).
+
+        A process that ends in time is freed on the loop: a thread hop per node would make
+        closing many nodes cost the trainer a thread wake-up each.
+        """
+        left = grace
         sentinel = self._launcher.sentinel(rank)
         if sentinel is not None:
-            with anyio.move_on_after(5.0):
-                await anyio.wait_readable(sentinel)
-            await anyio.to_thread.run_sync(self._launcher.reap, rank, 1.0)
-        return self._launcher.exitcode(rank)
+            with anyio.move_on_after(grace) as scope:
+                try:
+                    await anyio.wait_readable(sentinel)
+                except anyio.BusyResourceError:
+                    pass  # another task waits on it already: the blocking reap below waits too
+            if scope.cancelled_caught:
+                left = 0.0
+            elif self._launcher.release_ended(rank):
+                return
+        await anyio.to_thread.run_sync(self._launcher.reap, rank, left)
 
     def _disconnect(self, node: _Node) -> None:
         sock, node.sock = node.sock, None
@@ -352,11 +370,9 @@ class DistributedTransport(Transport):
         with anyio.move_on_after(timeout):
             # The node closes its connection when it has finished: the reader then ends.
             await self._notifier.wait_until(lambda: node.gone or reader is None)
-        await anyio.to_thread.run_sync(
-            self._launcher.reap, rank, 1.0 if reader is None or not reader.is_alive() else 0.1
-        )
+        await self._reap(rank, 1.0 if reader is None or not reader.is_alive() else 0.1)
         self._disconnect(node)
-        if reader is not None:
+        if reader is not None and reader.is_alive():  # it ends right after seeing end of file
             await anyio.to_thread.run_sync(reader.join, timeout)
         self._forget(node)
 

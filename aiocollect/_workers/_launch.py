@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from ._launch_group import die_with_group, end_group_but_self, kill_group, lead_new_group, sweep_group
@@ -59,6 +59,13 @@ class Launcher:
     def reap(self, rank: int, timeout: float) -> None:
         """Wait up to ``timeout`` for the node to end, killing it after; blocking, run off the loop."""
 
+    def release_ended(self, rank: int) -> bool:
+        """Free what is held for node ``rank`` if it has ended, without blocking: True if it had.
+
+        False where the launcher cannot tell at once; then `reap` (off the loop) does it.
+        """
+        return False
+
     def close(self) -> None:
         """Kill whatever is still running."""
 
@@ -66,7 +73,7 @@ class Launcher:
 class MpLauncher(Launcher):
     """Local processes, from the fork server (like subprocess workers) or spawned."""
 
-    def __init__(self, start_method: str, main: Callable[..., None] | None = None) -> None:
+    def __init__(self, start_method: str, main: Callable[..., None] | None = None, preload: Sequence[str] = ()) -> None:
         from ._prestart import preload_forkserver
 
         self._main = main
@@ -74,7 +81,7 @@ class MpLauncher(Launcher):
         # the options allow (START_METHODS: "forkserver", "spawn") give one of these two.
         self._ctx = cast("ForkServerContext | SpawnContext", multiprocessing.get_context(start_method))
         if start_method == "forkserver":
-            preload_forkserver(self._ctx)
+            preload_forkserver(self._ctx, preload)  # what each node would import after its fork
         self._procs: dict[int, Any] = {}
         self._codes: dict[int, int] = {}  # exit codes of released processes
         self._alive: dict[int, Any] = {}  # write ends whose EOF tells a node that this process died
@@ -123,6 +130,13 @@ class MpLauncher(Launcher):
         p = self._procs.get(rank)
         if p is not None and p.exitcode is None and p.pid is not None:
             kill_group(p.pid)  # the node and every process its env started
+
+    def release_ended(self, rank: int) -> bool:
+        p = self._procs.get(rank)
+        if p is not None and p.exitcode is None:  # a non-blocking poll
+            return False
+        self._release(rank)
+        return True
 
     def reap(self, rank: int, timeout: float) -> None:
         p = self._procs.get(rank)

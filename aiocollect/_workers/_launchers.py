@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._launch import Launcher, MpLauncher, SubmititLauncher
@@ -14,11 +14,16 @@ __all__ = ["LAUNCHERS", "make_launcher"]
 LAUNCHERS = ("mp", "submitit", "external", "ray", "submitit_delayed")
 
 
-def make_launcher(options: dict[str, Any], main: Callable[..., None] | None = None) -> Launcher:
-    """The launcher named by the transport's ``launcher`` option, starting ``main`` (`node_main`)."""
+def make_launcher(
+    options: dict[str, Any], main: Callable[..., None] | None = None, preload: Sequence[str] = ()
+) -> Launcher:
+    """The launcher named by the transport's ``launcher`` option, starting ``main`` (`node_main`).
+
+    ``preload``: the modules a node imports (a fork server preloads them for local nodes).
+    """
     name = options["launcher"]
     if name == "mp":
-        return MpLauncher(options["start_method"], main)
+        return MpLauncher(options["start_method"], main, preload)
     if name == "submitit":
         return SubmititLauncher(options["slurm_kwargs"], options["submitit_folder"], main)
     if name == "ray":

@@ -25,6 +25,7 @@ from ._launch_delayed import apply_delayed_context, check_delayed_node_count
 from ._launch_ray import check_ray_launcher_options, check_ray_node_count
 from ._launchers import make_launcher
 from ._messages import Exited
+from ._prestart import node_preload
 from ._remote import Done, RemoteTransport
 from ._remote_node import HostSetup
 from ._rpc_node import (
@@ -131,7 +132,8 @@ class RpcTransport(RemoteTransport):
             )
         opts, n = self.options, self.num_workers
         port = opts["tcp_port"] or _free_port(opts["master_addr"])
-        self._launcher = make_launcher(opts, rpc_node_main)
+        preload = node_preload(("torch.distributed.rpc", rpc_node_main.__module__), opts["worker_main"])
+        self._launcher = make_launcher(opts, rpc_node_main, preload)
         args = (opts["master_addr"], port, opts["join_timeout"], opts["tensorpipe_options"])
         if opts.get("delayed") is not None:
             # Nodes launched ahead cannot know how many groups this process formed: both

@@ -154,3 +154,86 @@ def test_workers_and_nodes_take_the_parents_environment_of_when_they_start(tmp_p
     for who in ("worker", "node"):
         assert json.loads((tmp_path / who).read_text()) == expected, who
     assert not leaked, leaked
+
+
+NODE_PRELOAD = textwrap.dedent(
+    """
+    import json, os, sys
+    from multiprocessing.connection import wait
+    from aiocollect._workers._launch import MpLauncher
+    from aiocollect._workers._prestart import node_preload
+
+    WATCHED = ("tensordict", "torch.distributed", "aiocollect._dist._node", "aiocollect._workers._distributed_node")
+
+    def probe(out, fifo):  # a node's main: what it finds imported at its start
+        with open(out, "w") as f:
+            json.dump(sorted(m for m in WATCHED if m in sys.modules), f)
+        with open(fifo, "rb") as f:  # blocks until the parent opens the other end
+            f.read()
+
+    if __name__ == "__main__":
+        worker_main, out, fifo = sys.argv[1:]
+        os.mkfifo(fifo)
+        modules = ("torch.distributed", "aiocollect._workers._distributed_node")
+        launcher = MpLauncher("forkserver", probe, node_preload(modules, worker_main))
+        launcher.launch(1, (out, fifo))
+        running = launcher.release_ended(1)  # the node waits on the fifo: still running
+        with open(fifo, "wb"):
+            pass
+        assert wait([launcher.sentinel(1)], 60)
+        print(json.dumps([running, launcher.release_ended(1), launcher.exitcode(1), launcher.sentinel(1)]))
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("worker_main", "expected"),
+    [
+        (
+            "aiocollect._dist._node:run_node",
+            ["aiocollect._dist._node", "aiocollect._workers._distributed_node", "tensordict", "torch.distributed"],
+        ),
+        # The plain worker loop never needs tensordict: the fork server does not wait for it.
+        ("aiocollect._workers._loop:run_worker", ["aiocollect._workers._distributed_node", "torch.distributed"]),
+    ],
+)
+def test_local_nodes_start_with_what_they_run_already_imported_and_are_released_at_once(
+    tmp_path: Path, worker_main: str, expected: list[str]
+) -> None:
+    script = tmp_path / "node_preload.py"
+    script.write_text(NODE_PRELOAD)
+    args = [sys.executable, str(script), worker_main, str(tmp_path / "seen"), str(tmp_path / "fifo")]
+    proc, leaked = run_script(args, timeout=150, env=SCRIPT_ENV)
+    assert proc.returncode == 0, proc.stderr
+    # Not released while running; released without blocking once ended: code known, sentinel gone.
+    assert json.loads(proc.stdout) == [False, True, 0, None]
+    assert json.loads((tmp_path / "seen").read_text()) == expected
+    assert not leaked, leaked
+
+
+DISTRIBUTED_PRELOAD = textwrap.dedent(
+    """
+    import json
+    from multiprocessing import forkserver
+    from aiocollect import DistributedDataCollector
+    from aiocollect.testing import CountingEnv
+
+    if __name__ == "__main__":
+        with DistributedDataCollector([CountingEnv, CountingEnv], None, frames_per_batch=4, total_frames=4,
+                                      launcher="mp") as c:
+            assert sum(b.numel() for b in c) == 4
+        print(json.dumps(forkserver._forkserver._preload_modules))
+    """
+)
+
+
+def test_a_distributed_collector_starts_its_fork_server_with_what_its_nodes_import(tmp_path: Path) -> None:
+    script = tmp_path / "distributed_preload.py"
+    script.write_text(DISTRIBUTED_PRELOAD)
+    env = {**SCRIPT_ENV, "MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo"}
+    proc, leaked = run_script([sys.executable, str(script)], timeout=150, env=env)
+    assert proc.returncode == 0, proc.stderr
+    preload = json.loads(proc.stdout)
+    assert {"tensordict", "aiocollect._dist._node", "torch.distributed"} <= set(preload)
+    assert preload[-1] == "aiocollect._workers._forkserver"  # still last: it freezes what the others loaded
+    assert not leaked, leaked
