@@ -16,7 +16,7 @@ from aiocollect._core._portal import Portal, _Launcher
 WAIT = 10.0  # seconds: a bound for the waits below, never reached when the code is right
 
 
-def _block_loop(portal: Portal) -> tuple[threading.Event, threading.Event, threading.Thread]:
+def _block_loop(portal: Portal) -> tuple[threading.Event, threading.Thread]:
     """Make the portal's loop thread busy (a plain function call) until ``release`` is set."""
     entered, release = threading.Event(), threading.Event()
 
@@ -27,14 +27,14 @@ def _block_loop(portal: Portal) -> tuple[threading.Event, threading.Event, threa
     caller = threading.Thread(target=portal.call, args=(busy,))
     caller.start()
     assert entered.wait(WAIT)
-    return entered, release, caller
+    return release, caller
 
 
 def test_a_call_is_queued_without_waiting_for_the_loop() -> None:
     # anyio's start_task_soon waits for the loop to spawn the task: a second thread round
     # trip per call. Starting a call must return even while the loop is busy.
     portal = Portal("B", "A")
-    _, release, caller = _block_loop(portal)
+    release, caller = _block_loop(portal)
     try:
         started: list[Future[Any]] = []
 
@@ -87,7 +87,7 @@ def test_errors_reach_the_caller_with_their_type() -> None:
 def test_a_call_queued_as_the_portal_stops_runs_before_it_ends() -> None:
     portal = Portal("B", "A")
     launcher = portal._get()
-    _, release, caller = _block_loop(portal)
+    release, caller = _block_loop(portal)
     done = threading.Event()
 
     async def late() -> str:
