@@ -47,8 +47,8 @@ FORKSERVER_PRELOAD = [
 
 #: What a node program imports on top of that, by the module of its ``worker_main``: the
 #: collector that a `DistributedCollector` node runs needs tensordict; the plain worker loop
-#: does not. Imported by each node after its fork, these cost every node its own copy (125 MB
-#: of a `DistributedCollector` node's 268, with 16 nodes 13 s to the first batch on two
+#: does not. Imported by each node after its fork, these cost every node its own copy (124 MB
+#: of a `DistributedCollector` node's 268; with 16 nodes, 13 s to the first batch on two
 #: cores, against 4.6 s preloaded) and the kernel frees that copy at each node's exit.
 WORKER_MAIN_PRELOAD: dict[str, tuple[str, ...]] = {
     "aiocollect._dist._node": ("tensordict", "aiocollect._collect._collector", "aiocollect._dist._node"),
