@@ -280,6 +280,10 @@ class Rollout(RolloutOutput):
             next_extra=[(k, buf[_nxt(k)][t]) for k in self.spec.next_only],
         )
 
+    def drop_views(self) -> None:
+        """Free the per-step views of the storage (a few thousand small tensors): the rollout is done."""
+        self._cached_views = None
+
     def views(self, t: int) -> StepOut:
         """The storage slices step ``t`` writes."""
         cached = self._cached_views

@@ -305,6 +305,9 @@ class TorchRLRollout:
         if tracker is not None:
             tracker.increment_version()
 
+    def drop_views(self) -> None:
+        """`Rollout.drop_views`: nothing to free (this rollout keeps no per-step views; each batch stacks its steps)."""
+
     def _public(self, out: Any) -> Any:
         private = self._private or [k for k in out.keys(True) if _is_private(k)]
         return out.exclude(*private) if private else out

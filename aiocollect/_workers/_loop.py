@@ -35,6 +35,11 @@ __all__ = ["SLOTS", "report_failure", "run_worker"]
 
 SLOTS = 2  # double buffering: a worker fills one slot while the engine reads the other
 
+# Worker threads of one process (the inline backend) that free their rollouts' step views (a
+# few thousand tensors each) at the same moment keep handing the GIL around: 64 of them took
+# 0.85-1.3 s to close, one after another 0.1 s (docs/benchmarks.md, "Node count").
+_FREE_ONE_AT_A_TIME = threading.Lock()
+
 
 def run_worker(channel: WorkerChannel, spec_bytes: bytes) -> None:
     """Run one worker until it is closed or fails; a failure is sent as `Failed`, never raised."""
@@ -50,7 +55,12 @@ def run_worker(channel: WorkerChannel, spec_bytes: bytes) -> None:
         report_failure(channel, exc, None if worker is None or worker.rollout is None else worker.rollout.steps_done)
     finally:
         if worker is not None and worker.rollout is not None:
-            worker.rollout.env.close()
+            rollout = worker.rollout
+            try:
+                rollout.env.close()
+            finally:
+                with _FREE_ONE_AT_A_TIME:
+                    rollout.drop_views()
 
 
 def report_failure(channel: WorkerChannel, exc: BaseException, step: int | None) -> None:

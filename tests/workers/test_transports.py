@@ -113,3 +113,48 @@ def test_every_fork_server_preload_entry_exists() -> None:
 
     assert FORKSERVER_PRELOAD[-1] == "aiocollect._workers._forkserver"
     assert [m for m in FORKSERVER_PRELOAD if importlib.util.find_spec(m) is None] == []
+
+
+async def test_inline_workers_free_their_step_views_one_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Threads that free thousands of small tensors at the same moment thrash (closing 64 inline
+    # workers took most of a second): each worker frees its rollout's views under one lock.
+    from aiocollect._rollout._rollout import Rollout
+    from aiocollect._workers import _loop
+
+    dropped: list[tuple[bool, int]] = []  # (lock held, views left) per call
+    real = Rollout.drop_views
+
+    def drop_views(self: Rollout) -> None:
+        held = _loop._FREE_ONE_AT_A_TIME.locked()
+        real(self)
+        dropped.append((held, 0 if self._cached_views is None else len(self._cached_views)))
+
+    monkeypatch.setattr(Rollout, "drop_views", drop_views)
+    with anyio.fail_after(60):
+        async with MultiSyncCollector([CountingEnv] * 4, frames_per_batch=32, backend="inline") as c:
+            await c.__anext__()
+            assert c._transport is not None
+            threads = [t for t in c._transport._threads if t is not None]  # type: ignore[attr-defined]
+        assert len(threads) == 4
+        assert not any(t.is_alive() for t in threads)  # closing joined them, after the free
+    assert dropped == [(True, 0)] * 4
+
+
+def _torchrl_cartpole() -> Any:
+    from torchrl.envs import GymEnv
+
+    return GymEnv("CartPole-v1")
+
+
+async def test_a_torchrl_env_worker_thread_ends_without_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The worker's last step (closing its env, freeing its rollout's views) runs after the engine
+    # stopped listening: an error there would only reach the thread's excepthook.
+    pytest.importorskip("torchrl.envs")
+    errors: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: errors.append(args.exc_value))
+    with anyio.fail_after(60):
+        async with MultiSyncCollector([_torchrl_cartpole] * 2, frames_per_batch=32, total_frames=64,
+                                      backend="inline") as c:  # fmt: skip
+            batches = [b async for b in c]
+    assert len(batches) == 2
+    assert errors == []
