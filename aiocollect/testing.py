@@ -85,6 +85,9 @@ class CountingEnv(BatchedEnv):
 class FailingEnv(CountingEnv):
     """A `CountingEnv` that raises ``error`` on its ``fail_at``-th call to `step` (1-based).
 
+    ``fail_at=None`` never fails a step; ``fail_on_close=True`` makes `close` raise ``error`` too
+    (a simulator that cannot shut down cleanly).
+
     Examples:
         >>> env = FailingEnv(fail_at=1)
         >>> _ = env.reset()
@@ -92,11 +95,21 @@ class FailingEnv(CountingEnv):
         Traceback (most recent call last):
         ...
         ValueError: FailingEnv failed at step 1
+        >>> FailingEnv(fail_at=None, fail_on_close=True).close()
+        Traceback (most recent call last):
+        ...
+        ValueError: FailingEnv failed to close
     """
 
-    def __init__(self, num_envs: int = 1, fail_at: int = 3, error: type[Exception] = ValueError) -> None:
+    def __init__(
+        self,
+        num_envs: int = 1,
+        fail_at: int | None = 3,
+        error: type[Exception] = ValueError,
+        fail_on_close: bool = False,
+    ) -> None:
         super().__init__(num_envs)
-        self.fail_at, self.error, self.calls = fail_at, error, 0
+        self.fail_at, self.error, self.calls, self.fail_on_close = fail_at, error, 0, fail_on_close
 
     def step(self, action: TensorDictBase) -> TensorDictBase:
         """Step, or raise on the configured call."""
@@ -104,6 +117,12 @@ class FailingEnv(CountingEnv):
         if self.calls == self.fail_at:
             raise self.error(f"FailingEnv failed at step {self.calls}")
         return super().step(action)
+
+    def close(self) -> None:
+        """Close, or raise if ``fail_on_close``."""
+        super().close()
+        if self.fail_on_close:
+            raise self.error("FailingEnv failed to close")
 
 
 class HangingEnv(CountingEnv):

@@ -81,3 +81,22 @@ async def test_blocking_call_inside_event_loop_names_async_class() -> None:
         r"event loop; use aiocollect\.Collector with 'async with' instead$",
     ):
         SyncDataCollector(lambda: CountingEnv(1), frames_per_batch=4)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("end", ["total_frames", "shutdown"])
+def test_a_blocking_twin_raises_a_workers_env_close_failure_where_it_closes(end: str) -> None:
+    from functools import partial
+
+    fails = partial(FailingEnv, 1, None, fail_on_close=True)
+    total = 16 if end == "total_frames" else -1
+    c = aiocollect.MultiSyncDataCollector([fails, fails], frames_per_batch=8, total_frames=total)
+    batches = []
+    expected = r"^worker 0 \(pid \d+\) failed: ValueError: FailingEnv failed to close"
+    with pytest.raises(aiocollect.WorkerError, match=expected):
+        for b in c:  # the last batch's next() closes the collector when total_frames is reached
+            batches.append(b)
+            if len(batches) == 2 and end == "shutdown":
+                c.shutdown()
+    assert len(batches) == 2
+    c.shutdown()  # closed all the same: a second call does nothing

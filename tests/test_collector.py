@@ -173,3 +173,15 @@ async def test_len_and_repr() -> None:
     assert "not started" in repr(c) and "frames: 0/10" in repr(c)
     with pytest.raises(TypeError, match="endless"):
         len(Collector(lambda: counting(), frames_per_batch=4))
+
+
+async def test_an_env_that_fails_to_close_is_raised_unless_the_body_raised_first() -> None:
+    with anyio.fail_after(30):
+        with pytest.raises(ValueError, match=r"^FailingEnv failed to close$"):
+            async with Collector(FailingEnv(1, fail_at=None, fail_on_close=True), frames_per_batch=4) as c:
+                await c.__anext__()
+        with pytest.raises(KeyError, match="the loop body's own error") as info:
+            async with Collector(FailingEnv(1, fail_at=None, fail_on_close=True), frames_per_batch=4) as c:
+                await c.__anext__()
+                raise KeyError("the loop body's own error")
+    assert info.value.__notes__ == ["closing the collector also failed: ValueError: FailingEnv failed to close"]

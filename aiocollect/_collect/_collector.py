@@ -314,14 +314,20 @@ class Collector(
     async def _close_resources(self) -> None:
         env, self._env, self._rollout = self._env, None, None
         timeout = self._cfg.shutdown_timeout
+        close_error: Exception | None = None  # the env's own, raised once the lane is closed too
         with anyio.move_on_after(timeout):
             # Queued behind the call in progress (a step sees the stop flag at its next step).
-            if isinstance(env, AsyncBatchedEnv):
-                await self._lane.run_final(lambda: None)  # the step in progress, if any, ends first
-                await env.aclose()  # its connections belong to this event loop
-            elif env is not None:
-                await self._lane.run_final(env.close)
+            try:
+                if isinstance(env, AsyncBatchedEnv):
+                    await self._lane.run_final(lambda: None)  # the step in progress, if any, ends first
+                    await env.aclose()  # its connections belong to this event loop
+                elif env is not None:
+                    await self._lane.run_final(env.close)
+            except Exception as exc:
+                close_error = exc
             await self._lane.aclose()
+            if close_error is not None:
+                raise close_error
             return
         self._lane.close()  # its daemon thread is stuck in user code: it cannot keep the process alive
         warn_user(
@@ -329,6 +335,8 @@ class Collector(
             f"shutdown_timeout={timeout}s; it was left running in a daemon thread",
             RuntimeWarning,
         )
+        if close_error is not None:
+            raise close_error
 
     def _close_now(self) -> None:
         env, self._env = self._env, None

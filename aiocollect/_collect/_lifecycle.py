@@ -19,7 +19,7 @@ from anyio.abc import TaskGroup
 from tensordict import TensorDictBase
 
 from .._buffer._torchrl import TorchRLBufferSink
-from .._core._errors import CollectorClosedError
+from .._core._errors import CollectorClosedError, note_once
 from .._core._stats import CollectorStats
 from ._api import CollectorAPI
 from ._background import BackgroundMixin
@@ -193,7 +193,13 @@ class CollectorLifecycle(CollectorAPI, BackgroundMixin, BatchPipeline):
             await self._tg.__aexit__(None, None, None)
         finally:
             self._recv.close()
-            await self.aclose()
+            try:
+                await self.aclose()
+            except Exception as close_error:  # an env that failed to close, say
+                if exc is None:
+                    raise
+                # The body's exception (a cancellation included) goes on, and says what else failed.
+                note_once(exc, f"closing the collector also failed: {type(close_error).__name__}: {close_error}")
         err = self._undelivered_error()
         if err is not None and exc_type is None:
             self._bg_error = None
@@ -215,10 +221,12 @@ class CollectorLifecycle(CollectorAPI, BackgroundMixin, BatchPipeline):
         if self._producer_scope is not None:
             self._producer_scope.cancel()
         self._stop_background()
-        with anyio.CancelScope(shield=True):
-            await self._close_resources()
-        if self._profiler is not None:  # an in-process profiler still recording writes what it has
-            self._profiler.stop()
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._close_resources()
+        finally:
+            if self._profiler is not None:  # an in-process profiler still recording writes what it has
+                self._profiler.stop()
 
     def _finalize(self) -> bool:
         """Close synchronously, without waiting on anything (garbage collection); True if it was open."""

@@ -55,6 +55,7 @@ class NodeSpec:
 def run_node(channel: WorkerChannel, spec_bytes: bytes) -> None:
     """Run one collection node until it is closed or fails; a failure is sent as `Failed`."""
     node: _Node | None = None
+    failed = False
     try:
         import cloudpickle
 
@@ -62,10 +63,15 @@ def run_node(channel: WorkerChannel, spec_bytes: bytes) -> None:
         if node.start():
             node.serve()
     except BaseException as exc:
+        failed = True
         report_failure(channel, exc, None)  # a node counts batches, not env steps: no step to report
     finally:
         if node is not None:
-            node.close()
+            try:
+                node.close()
+            except BaseException as exc:  # its collector's close failed (an env's close(), say)
+                if not failed:
+                    report_failure(channel, exc, None)
 
 
 def _layout(batch: Any) -> BatchLayout:

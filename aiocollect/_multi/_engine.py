@@ -25,6 +25,7 @@ from .._core._errors import (
     WorkerCrashedError,
     WorkerTimeoutError,
     first_failure,
+    worker_error_from_message,
 )
 from .._core._seeding import check_seed
 from .._core._threads import to_thread
@@ -194,6 +195,9 @@ class MultiCollectorBase(EngineWeights, WorkerCalls, CollectorLifecycle):
         if self._transport is not None:
             await self._transport.aclose(self._cfg.shutdown_timeout)
         self._close_now()
+        failures = {} if self._transport is None else self._transport.close_failures
+        if failures:  # raised as the in-process Collector raises its env's close() error
+            raise first_failure([worker_error_from_message(w, pid, f) for w, (pid, f) in sorted(failures.items())])
 
     def _close_now(self) -> None:
         if self._transport is not None:

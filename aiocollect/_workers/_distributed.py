@@ -371,6 +371,8 @@ class DistributedTransport(Transport):
             # The node closes its connection when it has finished: the reader then ends.
             await self._notifier.wait_until(lambda: node.gone or reader is None)
         await self._reap(rank, 1.0 if reader is None or not reader.is_alive() else 0.1)
+        with self._notifier.lock:
+            self._keep_close_failure(w, self.pid(w), list(node.events))
         self._disconnect(node)
         if reader is not None and reader.is_alive():  # it ends right after seeing end of file
             await anyio.to_thread.run_sync(reader.join, timeout)

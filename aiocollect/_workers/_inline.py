@@ -158,6 +158,8 @@ class InlineTransport(Transport):
         if thread is not None:
             await anyio.to_thread.run_sync(thread.join, timeout, abandon_on_cancel=True)
         if inbox is not None:
+            with inbox.lock:
+                self._keep_close_failure(w, os.getpid(), list(inbox.events))
             inbox.close()
 
     def stop_nowait(self) -> None:

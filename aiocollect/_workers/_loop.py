@@ -44,6 +44,7 @@ _FREE_ONE_AT_A_TIME = threading.Lock()
 def run_worker(channel: WorkerChannel, spec_bytes: bytes) -> None:
     """Run one worker until it is closed or fails; a failure is sent as `Failed`, never raised."""
     worker: _Worker | None = None
+    failed = False
     try:
         import cloudpickle
 
@@ -52,12 +53,19 @@ def run_worker(channel: WorkerChannel, spec_bytes: bytes) -> None:
         if worker.start():
             worker.serve()
     except BaseException as exc:
+        failed = True
         report_failure(channel, exc, None if worker is None or worker.rollout is None else worker.rollout.steps_done)
     finally:
         if worker is not None and worker.rollout is not None:
             rollout = worker.rollout
             try:
                 rollout.env.close()
+            except BaseException as exc:
+                # The engine reads it while stopping this worker (`Transport.close_failures`) and
+                # raises it, as the in-process Collector raises its env's. After a failure already
+                # sent, that one is the story.
+                if not failed:
+                    report_failure(channel, exc, None)
             finally:
                 with _FREE_ONE_AT_A_TIME:
                     rollout.drop_views()

@@ -200,11 +200,13 @@ class RemoteTransport(Transport):
         self.send(w, Close())
         with anyio.move_on_after(timeout):
             await self._notifier.wait_until(lambda: node.gone)
+        pid = self.pid(w)
         handle, node.handle = node.handle, None
         node.gen += 1
         await anyio.to_thread.run_sync(self._destroy, w, handle, 0.0 if node.gone else 1.0)
         node.batches, node.progress = {}, None
         with self._notifier.lock:
+            self._keep_close_failure(w, pid, list(node.events))
             node.events = deque()
         self._notifier.notify_all()
 

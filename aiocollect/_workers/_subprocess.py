@@ -182,6 +182,8 @@ class SubprocessTransport(Transport):
             if not await self._join(p, 1.0):
                 kill_group(p.process.pid)
                 await self._join(p, 5.0)
+        self._keep_close_failure(w, p.process.pid, [e for v, e in self._early if v == w])
+        self._keep_close_failure(w, p.process.pid, _left_in(p.conn))
         for conn in (p.conn, p.alive_w):
             if conn is not None:
                 conn.close()
@@ -320,3 +322,14 @@ class SubprocessTransport(Transport):
 
 
 transport_class = SubprocessTransport
+
+
+def _left_in(conn: Any) -> list[Event]:
+    """What an ended worker sent that was not read yet (its socket keeps it after the exit)."""
+    left: list[Event] = []
+    try:
+        while conn is not None and conn.poll():
+            left.append(conn.recv())
+    except (EOFError, OSError):
+        pass
+    return left

@@ -13,10 +13,10 @@ both and ends with ``transport_class = ...``; see ``docs/workers.md``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar, Literal
 
-from ._messages import Command, Event
+from ._messages import Command, Event, Failed
 
 __all__ = ["BUSY", "CONTROL_WORDS", "PREEMPT", "PROGRESS", "STOP", "Transport", "WorkerChannel"]
 
@@ -69,6 +69,16 @@ class Transport(ABC):
         dict as ``[(key, shape, dtype)]`` (``None``: the policy has no weights to sync).
         """
         self.num_workers, self.options, self.weights_layout = num_workers, options, weights_layout
+        #: Workers that failed while stopping (their env's ``close()`` raised), read by the engine
+        #: once every worker is stopped: ``{worker: (pid, Failed)}``.
+        self.close_failures: dict[int, tuple[int | None, Failed]] = {}
+
+    def _keep_close_failure(self, w: int, pid: int | None, events: Iterable[Event]) -> None:
+        """Keep the first `Failed` among ``events``, what worker ``w`` sent after being told to close."""
+        for event in events:
+            if isinstance(event, Failed):
+                self.close_failures.setdefault(w, (pid, event))
+                return
 
     # -- life --------------------------------------------------------------------------------
     @abstractmethod

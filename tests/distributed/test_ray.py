@@ -123,6 +123,16 @@ async def test_a_raising_actor_is_reported_with_its_rank_and_traceback() -> None
     assert "testing.py" in str(err.__cause__.__cause__)  # the actor's own traceback
 
 
+async def test_an_actor_whose_env_fails_to_close_raises_it_from_the_close() -> None:
+    fns = [counting, partial(FailingEnv, 1, None, fail_on_close=True)]
+    with anyio.fail_after(120), pytest.raises(WorkerError) as info:
+        async with RayCollector(fns, scripted(), frames_per_batch=10, total_frames=20, sync=True, **kw()) as c:
+            assert len([b async for b in c]) == 2
+    err = info.value
+    assert err.worker_id == 1 and "rank 2" in str(err)
+    assert "FailingEnv failed to close" in str(err)
+
+
 async def test_a_killed_actor_surfaces_as_worker_crashed_error_within_seconds() -> None:
     with anyio.fail_after(120), pytest.raises(WorkerCrashedError) as info:
         async with RayCollector([counting] * 2, scripted(), frames_per_batch=10, total_frames=-1, **kw()) as c:

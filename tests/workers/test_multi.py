@@ -150,6 +150,51 @@ async def test_env_error_in_worker_raises_worker_error_with_traceback(backend: s
     assert "testing.py" in str(err.__cause__.__cause__)  # the worker's own traceback
 
 
+@pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector])
+async def test_an_env_that_fails_to_close_is_raised_from_the_close_with_its_worker(backend: str, cls: type) -> None:
+    # As the in-process Collector raises its env's close() error: a worker's is not only printed.
+    def fails_to_close(w: int) -> FailingEnv:
+        return FailingEnv(1, fail_at=None, fail_on_close=w == 1)
+
+    with anyio.fail_after(60), pytest.raises(WorkerError) as info:
+        async with cls([partial(fails_to_close, 0), partial(fails_to_close, 1)], frames_per_batch=8,
+                       total_frames=16, backend=backend) as c:  # fmt: skip
+            assert len([b async for b in c]) == 2
+    err = info.value
+    assert err.worker_id == 1 and err.pid is not None
+    assert "FailingEnv failed to close" in str(err)
+    assert isinstance(err.__cause__, ValueError)
+    assert "in close" in str(err.__cause__.__cause__)  # the worker's own traceback
+
+
+async def test_a_close_failure_never_replaces_the_bodys_exception_or_a_cancellation(backend: str) -> None:
+    def fails_to_close() -> FailingEnv:
+        return FailingEnv(1, fail_at=None, fail_on_close=True)
+
+    with anyio.fail_after(60):
+        with pytest.raises(KeyError, match="the loop body's own error") as info:
+            async with MultiSyncCollector([fails_to_close], frames_per_batch=8, backend=backend) as c:
+                await c.__anext__()
+                raise KeyError("the loop body's own error")
+        assert any("closing the collector also failed" in n and "failed to close" in n for n in info.value.__notes__)
+        with anyio.CancelScope() as scope:
+            async with MultiSyncCollector([fails_to_close], frames_per_batch=8, backend=backend) as c:
+                await c.__anext__()
+                scope.cancel()
+                await anyio.lowlevel.checkpoint()
+        assert scope.cancelled_caught  # the cancellation reached its scope, not a WorkerError instead
+
+
+async def test_a_worker_that_failed_reports_that_failure_not_its_close(backend: str) -> None:
+    def fails_twice() -> FailingEnv:
+        return FailingEnv(1, fail_at=3, fail_on_close=True)
+
+    with anyio.fail_after(60), pytest.raises(WorkerError, match="FailingEnv failed at step 3") as info:
+        async with MultiSyncCollector([fails_twice], frames_per_batch=8, backend=backend) as c:
+            await c.__anext__()
+    assert "failed to close" not in str(info.value)
+
+
 async def test_env_construction_error_is_reported_at_start(backend: str) -> None:
     def broken() -> None:
         raise OSError("simulator licence not found")
