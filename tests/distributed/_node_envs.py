@@ -21,7 +21,14 @@ import anyio
 import pytest
 import torch
 
-__all__ = ["NODE_ENVS", "check_envs_on_nodes", "check_torchrl_node_batches", "sleepy_pool", "torchrl_pendulum"]
+__all__ = [
+    "NODE_ENVS",
+    "check_a_close_failure_on_a_node",
+    "check_envs_on_nodes",
+    "check_torchrl_node_batches",
+    "sleepy_pool",
+    "torchrl_pendulum",
+]
 
 
 def torchrl_pendulum() -> Any:
@@ -75,3 +82,20 @@ async def check_envs_on_nodes(collector_class: Any, kind: str, **kw: Any) -> Non
         async with collector_class([env] * 2, None, frames_per_batch=40, total_frames=80, sync=True, **kw) as c:
             batches = [b async for b in c]
     check(batches)
+
+
+async def check_a_close_failure_on_a_node(collector_class: Any, **kw: Any) -> None:
+    """Node 1's env fails to close: closing the collector raises it, naming that node, with its traceback."""
+    from functools import partial
+
+    from aiocollect import WorkerError
+    from aiocollect.testing import CountingEnv, FailingEnv
+
+    fns = [CountingEnv, partial(FailingEnv, 1, None, fail_on_close=True)]
+    with anyio.fail_after(90), pytest.raises(WorkerError) as info:
+        async with collector_class(fns, None, frames_per_batch=20, total_frames=40, sync=True, **kw) as c:
+            assert len([b async for b in c]) == 2
+    err = info.value
+    assert err.worker_id == 1 and "rank 2" in str(err)
+    assert "FailingEnv failed to close" in str(err)
+    assert "in close" in str(err.__cause__.__cause__)  # the node's own traceback

@@ -16,6 +16,7 @@ from functools import partial
 import anyio
 import pytest
 import torch
+from _node_envs import check_a_close_failure_on_a_node
 from tensordict.nn import TensorDictModule
 
 from aiocollect import (
@@ -234,14 +235,7 @@ async def test_a_raising_node_is_reported_with_rank_host_and_traceback() -> None
 
 
 async def test_a_node_whose_env_fails_to_close_raises_it_from_the_close() -> None:
-    fns = [counting, partial(FailingEnv, 1, None, fail_on_close=True)]
-    with anyio.fail_after(60), pytest.raises(WorkerError) as info:
-        async with DistributedCollector(fns, scripted(), frames_per_batch=20, total_frames=40, sync=True, **kw()) as c:
-            assert len([b async for b in c]) == 2
-    err = info.value
-    assert err.worker_id == 1 and "rank 2" in str(err)
-    assert "FailingEnv failed to close" in str(err)
-    assert "in close" in str(err.__cause__.__cause__)  # the node's own traceback
+    await check_a_close_failure_on_a_node(DistributedCollector, **kw())
 
 
 async def test_a_killed_node_surfaces_as_worker_crashed_error() -> None:

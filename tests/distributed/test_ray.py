@@ -24,7 +24,7 @@ from aiocollect import RayCollector, ReplayBuffer, WorkerCrashedError, WorkerErr
 from aiocollect.testing import CountingEnv, FailingEnv, ScriptedPolicy
 
 ray = pytest.importorskip("ray")
-from _node_envs import check_envs_on_nodes  # noqa: E402
+from _node_envs import check_a_close_failure_on_a_node, check_envs_on_nodes  # noqa: E402
 from _ray_procs import local_ray, no_leaks  # noqa: E402, F401  (the module's Ray and its leak check)
 from _rendezvous import MeetingCountingEnv, met  # noqa: E402
 
@@ -124,13 +124,7 @@ async def test_a_raising_actor_is_reported_with_its_rank_and_traceback() -> None
 
 
 async def test_an_actor_whose_env_fails_to_close_raises_it_from_the_close() -> None:
-    fns = [counting, partial(FailingEnv, 1, None, fail_on_close=True)]
-    with anyio.fail_after(120), pytest.raises(WorkerError) as info:
-        async with RayCollector(fns, scripted(), frames_per_batch=10, total_frames=20, sync=True, **kw()) as c:
-            assert len([b async for b in c]) == 2
-    err = info.value
-    assert err.worker_id == 1 and "rank 2" in str(err)
-    assert "FailingEnv failed to close" in str(err)
+    await check_a_close_failure_on_a_node(RayCollector, **kw())
 
 
 async def test_a_killed_actor_surfaces_as_worker_crashed_error_within_seconds() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import anyio
 import pytest
 import torch
-from _node_envs import check_envs_on_nodes
+from _node_envs import check_a_close_failure_on_a_node, check_envs_on_nodes
 from _rendezvous import MeetingCountingEnv, met
 from tensordict.nn import TensorDictModule
 
@@ -113,13 +113,7 @@ async def test_a_raising_node_is_reported_with_its_rank_and_traceback() -> None:
 
 
 async def test_a_node_whose_env_fails_to_close_raises_it_from_the_close() -> None:
-    fns = [counting, partial(FailingEnv, 1, None, fail_on_close=True)]
-    with anyio.fail_after(60), pytest.raises(WorkerError) as info:
-        async with RPCCollector(fns, scripted(), frames_per_batch=10, total_frames=20, sync=True, **kw()) as c:
-            assert len([b async for b in c]) == 2
-    err = info.value
-    assert err.worker_id == 1 and "rank 2" in str(err)
-    assert "FailingEnv failed to close" in str(err)
+    await check_a_close_failure_on_a_node(RPCCollector, **kw())
 
 
 async def test_a_killed_node_surfaces_as_worker_crashed_error_within_seconds() -> None:
