@@ -98,7 +98,8 @@ class Transport(ABC):
         """Stop worker ``w`` (ask, then force after ``timeout``) and free what it holds.
 
         Idempotent. After it returns no event of that worker is delivered any more, so a
-        worker can be restarted with `start`.
+        worker can be restarted with `start`. A `Failed` the worker sent after `Close` (its
+        env's ``close()`` raised) is kept with `_keep_close_failure`, for the engine to raise.
         """
 
     @abstractmethod
