@@ -22,7 +22,7 @@ import torch
 
 from .._core._portal import Portal
 from .._rollout._layout import BatchLayout, nested_batch_dims
-from .._workers._loop import SLOTS, report_failure
+from .._workers._loop import SLOTS, close_reporting, report_failure
 from .._workers._messages import ApplyWeights, Close, Collect, Ready, Reset, Seed, WeightsApplied
 from .._workers._transport import BUSY, PROGRESS, WorkerChannel
 
@@ -67,11 +67,7 @@ def run_node(channel: WorkerChannel, spec_bytes: bytes) -> None:
         report_failure(channel, exc, None)  # a node counts batches, not env steps: no step to report
     finally:
         if node is not None:
-            try:
-                node.close()
-            except BaseException as exc:  # its collector's close failed (an env's close(), say)
-                if not failed:
-                    report_failure(channel, exc, None)
+            close_reporting(channel, node.close, failed)  # its collector's close may fail (an env's)
 
 
 def _layout(batch: Any) -> BatchLayout:

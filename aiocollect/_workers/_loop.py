@@ -12,6 +12,7 @@ import os
 import pickle
 import threading
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from ._messages import (
@@ -31,7 +32,7 @@ from ._messages import (
 )
 from ._transport import BUSY, PREEMPT, PROGRESS, STOP, WorkerChannel
 
-__all__ = ["SLOTS", "report_failure", "run_worker"]
+__all__ = ["SLOTS", "close_reporting", "report_failure", "run_worker"]
 
 SLOTS = 2  # double buffering: a worker fills one slot while the engine reads the other
 
@@ -59,16 +60,24 @@ def run_worker(channel: WorkerChannel, spec_bytes: bytes) -> None:
         if worker is not None and worker.rollout is not None:
             rollout = worker.rollout
             try:
-                rollout.env.close()
-            except BaseException as exc:
-                # The engine reads it while stopping this worker (`Transport.close_failures`) and
-                # raises it, as the in-process Collector raises its env's. After a failure already
-                # sent, that one is the story.
-                if not failed:
-                    report_failure(channel, exc, None)
+                close_reporting(channel, rollout.env.close, failed)
             finally:
                 with _FREE_ONE_AT_A_TIME:
                     rollout.drop_views()
+
+
+def close_reporting(channel: WorkerChannel, close: Callable[[], object], failed: bool) -> None:
+    """Run ``close()`` (a worker's or a node's last step); its error is sent as `Failed`.
+
+    The engine reads it while stopping the worker (`Transport.close_failures`) and raises it, as
+    the in-process Collector raises its env's. After a failure already sent (``failed``), that
+    one is the story and this one is not sent.
+    """
+    try:
+        close()
+    except BaseException as exc:
+        if not failed:
+            report_failure(channel, exc, None)
 
 
 def report_failure(channel: WorkerChannel, exc: BaseException, step: int | None) -> None:

@@ -182,8 +182,7 @@ class SubprocessTransport(Transport):
             if not await self._join(p, 1.0):
                 kill_group(p.process.pid)
                 await self._join(p, 5.0)
-        self._keep_close_failure(w, p.process.pid, [e for v, e in self._early if v == w])
-        self._keep_close_failure(w, p.process.pid, _left_in(p.conn))
+        self._keep_close_failure(w, p.process.pid, [*(e for v, e in self._early if v == w), *_left_in(p.conn)])
         for conn in (p.conn, p.alive_w):
             if conn is not None:
                 conn.close()
