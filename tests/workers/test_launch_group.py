@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT_ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 PRELUDE = """
-    import os, select, signal, sys
+    import os, select, signal
     from aiocollect._workers import _launch_group as lg
 
     assert lg.lead_new_group() and lg.leads_group(os.getpid())
