@@ -119,6 +119,29 @@ def make_heavy(work: int = HEAVY_WORK) -> gym.Env:
     return TimeLimit(HeavyEnv(work), max_episode_steps=500)  # CartPole-v1's limit
 
 
+class WaitingEnv(CartPoleEnv):
+    """CartPole whose step also waits ``wait_ms`` without using the CPU: an env whose simulator
+    runs elsewhere (another process, a GPU, a server). Many such workers fit on a few cores."""
+
+    def __init__(self, wait_ms: float = 0.5) -> None:
+        super().__init__()
+        self.wait_s = wait_ms / 1e3
+
+    def step(self, action: Any) -> Any:
+        time.sleep(self.wait_s)
+        return super().step(action)
+
+
+def make_waiting(wait_ms: float = 0.5) -> gym.Env:
+    return TimeLimit(WaitingEnv(wait_ms), max_episode_steps=500)
+
+
+def trl_waiting(wait_ms: float = 0.5) -> Any:
+    from torchrl.envs import GymWrapper
+
+    return GymWrapper(make_waiting(wait_ms), categorical_action_encoding=True)
+
+
 def trl_env(env_id: str) -> Any:
     """TorchRL's ``GymEnv`` of one env, with the int64 action index the policies return."""
     from torchrl.envs import GymEnv

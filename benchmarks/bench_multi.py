@@ -337,12 +337,7 @@ def parse_args(argv: list[str] | None) -> Any:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     quick = args.quick
-    st = Settings(
-        repeats=args.repeats or (1 if quick else 3),
-        target_s=args.target_seconds or (0.3 if quick else 1.0),
-        min_batches=5 if quick else 3,
-        warm_batches=0 if quick else 3,
-    )
+    st = Settings.of_args(args)
     args.forkserver_row = args.forkserver_row and not quick
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")

@@ -291,8 +291,10 @@ class WeightUpdates(WeightSyncAPI):
         a multi-worker one sends its current weights. Workers apply them between batches,
         never during one, and frames record the version they were collected with in
         ``("collector", "policy_version")``. A multi-worker collector returns once every live
-        worker it updated acknowledged (unless the scheme says ``sync=False``); a weight update
-        overtakes the batches a worker has queued but not started.
+        worker it updated that had no batch in progress acknowledged (unless the scheme says
+        ``sync=False``); a worker in the middle of a batch loads the update before its next
+        one, unwaited. A weight update overtakes the batches a worker has queued but not
+        started.
 
         Args:
             policy_or_weights: An ``nn.Module``, a TensorDict (``TensorDict.from_module``) or a

@@ -138,10 +138,11 @@ class NodeCollectorBase(MultiCollectorBase):
 
     # -- weights -----------------------------------------------------------------------------
     async def update_policy_weights_(self, policy_or_weights: Any = None, *, weights: Any = None) -> None:
-        """Send new weights to every live node and wait until each one applied them.
+        """Send new weights to every live node and wait until each node between batches applied them.
 
         Each node applies them between batches, so no batch mixes two versions, and records
-        the version it collected with in ``("collector", "policy_version")``.
+        the version it collected with in ``("collector", "policy_version")``. A node in the
+        middle of a batch applies them before its next one; the call does not wait for it.
 
         Args:
             policy_or_weights: An ``nn.Module``, a state dict or a TensorDict of weights;
@@ -165,7 +166,7 @@ class NodeCollectorBase(MultiCollectorBase):
         async with self._update_lock or anyio.Lock():
             # Each version is its own buffer in the transport: no node can read a torn mix of
             # two, so there is no need to wait for the previous update first.
-            await to_thread(self._publish, state)
+            await to_thread(self._publish, state, self._version + 1)
             self._version += 1
             if self._rb is not None:
                 self._rb.policy_version = self._version

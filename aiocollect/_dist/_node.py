@@ -123,7 +123,7 @@ class _Node:
         if spec.seed is not None:
             self._seed(spec.seed)
         if spec.load_weights:  # updates were published since the trainer pickled the policy
-            self._apply(self.channel.weights(), spec.policy_version)
+            self._apply(spec.policy_version)
         self.iterator = self.collector.__aiter__()
         # The first batch tells the trainer the node's layout; it is delivered first (unless
         # a command makes it stale), so it costs nothing.
@@ -140,9 +140,16 @@ class _Node:
     def _seed(self, seeds: Any) -> None:
         self.portal.call(self.collector.set_seed, int(seeds.generate_state(1)[0]))
 
-    def _apply(self, weights: Any, version: int) -> None:
-        self.portal.call(self.collector.update_policy_weights_, dict(weights))
+    def _apply(self, version: int) -> int:
+        """Load the newest published weights into the node's collector; returns their version."""
+
+        def load(weights: Any) -> None:
+            self.portal.call(self.collector.update_policy_weights_, dict(weights))
+
+        got = self.channel.read_weights(load)
+        version = version if got is None else max(version, got)
         self.versions.append(version)
+        return version
 
     def interrupt(self) -> None:
         """End the batch in progress and collect no more (any thread: the trainer said stop)."""
@@ -182,7 +189,7 @@ class _Node:
                 # Shutting down: the trainer reads nothing more, but its weight transfers
                 # must still be received, or its sends would wait on this node.
                 if isinstance(cmd, ApplyWeights):
-                    channel.weights()
+                    channel.read_weights(lambda weights: None)
                 continue
             if isinstance(cmd, Collect):
                 batch, self.prefetched = self.prefetched, None
@@ -195,9 +202,9 @@ class _Node:
                 control[PROGRESS] += 1
                 channel.batch_ready(cmd.slot)
             elif isinstance(cmd, ApplyWeights):
-                self._apply(channel.weights(), cmd.version)
+                version = self._apply(cmd.version)
                 self.prefetched = None  # collected with the old weights
-                channel.send(WeightsApplied(cmd.version))
+                channel.send(WeightsApplied(version))
             elif isinstance(cmd, Seed):
                 self._seed(cmd.seeds)
                 self.prefetched = None

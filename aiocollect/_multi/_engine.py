@@ -144,6 +144,7 @@ class MultiCollectorBase(EngineWeights, WorkerCalls, CollectorLifecycle):
     async def _start_worker(self, w: int) -> None:
         transport, pump = self._transport, self._pump
         assert transport is not None and pump is not None
+        version = self._targets[w]  # what its spec says it starts from
         layout = await transport.start(w, self._spec_bytes(w))
         shape = tuple(layout.shape)  # [*env_batch, T]
         self._batch_shapes[w] = shape
@@ -161,8 +162,11 @@ class MultiCollectorBase(EngineWeights, WorkerCalls, CollectorLifecycle):
             self._rb.storage.check_layout(frames)
             transport.attach_storage(w, self._rb.storage)
         pump.alive[w] = True
-        pump.acked[w] = self._targets[w]
+        pump.acked[w] = version
         self._mark_busy(w)
+        if self._targets[w] > version:
+            # An update came while it started: it may have started from the weights before.
+            self._send_weights(w, shared=self._own_weights[w] is None)
 
     async def _on_exit(self, w: int, exitcode: int | None) -> None:
         transport, pump = self._transport, self._pump

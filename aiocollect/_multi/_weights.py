@@ -15,6 +15,12 @@ reach (``_targets``): liveness counts a missing acknowledgement as work owed, a 
 worker starts from its version and weights, and `state_dict` reports each worker's version
 and the weights it was last given. Right after sending, the engine raises the worker's
 weights signal (``_workers._updates``) so the update overtakes the batches queued before it.
+
+The call waits only for the workers that were idle: one in the middle of a batch loads the
+update when that batch ends, which would hold the trainer back for up to a batch per update
+(a `MultiAsyncCollector`'s workers are always collecting: measured, half its frames/s with an
+update after every batch, and a single worker's with eight of them). A transport with
+``versioned_weights`` also takes the next version while workers still load the last one.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ class EngineWeights(WeightSyncAPI):
     _started: bool
     _rb: Any
     _worker_noun: str
+    _outstanding: list[dict[int, Any]]
 
     def _mark_busy(self, w: int) -> None:
         raise NotImplementedError
@@ -76,12 +83,15 @@ class EngineWeights(WeightSyncAPI):
         if self._shared_state is None and self._weights_layout is not None and not any(self._mc.factories):
             self._shared_state = _cpu_copy(state_of(self._weights_layout, self._policy))
 
-    def _publish(self, state: Any) -> None:
-        """Make ``state`` the weights workers load (now, or as soon as the transport exists)."""
+    def _publish(self, state: Any, version: int | None = None) -> None:
+        """Make ``state`` the weights workers load (now, or as soon as the transport exists).
+
+        ``version``: the policy version they are (default: the current one).
+        """
         if self._transport is None:
             self._unpublished = {k: torch.as_tensor(v).detach().clone() for k, v in state.items()}
             return
-        self._transport.publish_weights(state)
+        self._transport.publish_weights(state, self._version if version is None else version)
         self._unpublished, self._published = None, True
 
     def _policy_version(self) -> int:
@@ -133,11 +143,11 @@ class EngineWeights(WeightSyncAPI):
         async with self._update_lock or anyio.Lock():
             started = self._started and self._pump is not None
             if state is not None:
-                if started and self._version > 0:
-                    # A worker that timed out on the last update may still be copying the
-                    # shared store: overwriting it now would hand it a torn mix of two versions.
+                if started and self._version > 0 and not self._transport.versioned_weights:
+                    # A worker still loading the last version from this store would get a torn
+                    # mix of two, or newer weights under the older version's number.
                     await self._await_targets(range(self._num_workers))
-                await to_thread(self._publish_shared, state)
+                await to_thread(self._publish_shared, state, self._version + 1)
                 workers = list(range(self._num_workers))
             else:
                 workers = sorted(packed)
@@ -150,14 +160,21 @@ class EngineWeights(WeightSyncAPI):
                 self._rb.policy_version = self._version
             if not started:
                 return  # workers start from them
+            # A worker collecting a batch takes the update once that batch is done, which may be
+            # a whole batch away: waiting for it would hold the trainer back that long at every
+            # update (a MultiAsyncCollector's workers are always collecting). The call waits
+            # for the idle workers, which load at once; the others load before their next batch.
+            pump, idle = self._pump, []
             for w in workers:
-                if self._pump.alive[w]:
+                if pump.alive[w]:
+                    if self._between_batches(w):
+                        idle.append(w)
                     self._send_weights(w, shared=state is not None)
             if self._weight_sync.wait:
-                await self._await_targets(workers)
+                await self._await_targets(idle)
 
-    def _publish_shared(self, state: dict[str, Any]) -> None:
-        self._publish(state)
+    def _publish_shared(self, state: dict[str, Any], version: int) -> None:
+        self._publish(state, version)
         self._shared_state = _cpu_copy(state)
         self._own_weights = [None] * self._num_workers  # every worker takes the shared weights now
 
@@ -169,18 +186,26 @@ class EngineWeights(WeightSyncAPI):
         if self._mc.preemptive_threshold is None:  # the preempt word is free: overtake the queued batches
             self._transport.preempt(w, weights_signal(version))
 
+    def _between_batches(self, w: int) -> bool:
+        """Whether worker ``w`` has no batch in progress (it would load weights at once)."""
+        return len(self._outstanding[w]) <= len(self._pump.pending[w])
+
     async def _await_acks(self, version: int, *, send: bool = True) -> None:
-        """Bring every live worker to ``version`` of the shared store (sending it if ``send``) and wait."""
+        """Bring every live worker to ``version`` of the shared store (sending it if ``send``).
+
+        Waits for the workers that were idle; the others load it before their next batch.
+        """
         pump = self._pump
         live = [w for w in range(self._num_workers) if pump.alive[w]]
         behind = [w for w in live if pump.acked[w] < version]
+        idle = [w for w in live if self._between_batches(w)]
         for w in live:
             self._targets[w] = max(self._targets[w], version)
         if send and behind:
             for w in live:
                 self._mark_busy(w)
                 self._transport.send(w, ApplyWeights(version))
-        await self._await_targets(live)
+        await self._await_targets(idle)
 
     async def _await_targets(self, workers: Any) -> None:
         """Wait until each live worker of ``workers`` acknowledged its target version."""

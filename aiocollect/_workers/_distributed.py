@@ -458,7 +458,7 @@ class DistributedTransport(Transport):
     def batch(self, w: int, slot: int) -> Tensors:
         return self._nodes[w].slots[slot]
 
-    def publish_weights(self, state: Tensors) -> None:
+    def publish_weights(self, state: Tensors, version: int) -> None:
         layout = self.weights_layout
         flat = flat_buffer(layout, self._device)  # a fresh buffer: sends of older versions keep theirs
         views = flat_views(flat, layout)

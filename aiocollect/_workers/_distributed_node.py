@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ._messages import ApplyWeights, Close, Command, Event
-from ._transport import BUSY, CONTROL_WORDS, PREEMPT, PROGRESS, STOP, WorkerChannel
+from ._transport import BUSY, CONTROL_WORDS, PREEMPT, PROGRESS, STOP, Tensors, WorkerChannel
 from ._wire import (
     DATA_TAG,
     WEIGHTS_TAG,
@@ -161,13 +161,14 @@ class NodeChannel(WorkerChannel):
         self._flats = [flat_buffer(layout, self._device) for _ in range(count)]
         return [flat_views(f, layout) for f in self._flats]
 
-    def weights(self) -> Any:
+    def read_weights(self, into: Callable[[Tensors], None], have: int | None = None) -> int | None:
         # Every announced update is received in order, so the newest one wins and the
         # trainer's sends never wait on a node that skipped one.
         while self._weights_due > 0:
             self._pg.recv([self._weights_flat], 0, WEIGHTS_TAG).wait()
             self._weights_due -= 1
-        return self._weights
+        into(self._weights)
+        return None
 
     def storage(self, handle: Any) -> dict[Any, Any]:
         raise RuntimeError("distributed workers cannot write into the trainer's replay buffer")

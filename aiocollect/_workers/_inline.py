@@ -18,7 +18,7 @@ import os
 import queue
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
@@ -96,8 +96,11 @@ class _InlineChannel(WorkerChannel):
         self.slots = [{k: torch.zeros(shape, dtype=dtype) for k, shape, dtype in layout} for _ in range(count)]
         return [] if self.control[STOP] else self.slots
 
-    def weights(self) -> Tensors:
-        return self._transport._weights
+    def read_weights(self, into: Callable[[Tensors], None], have: int | None = None) -> int | None:
+        version, state = self._transport._weights  # one tuple: a version and its own copy
+        if version != have:
+            into(state)
+        return version
 
     def storage(self, handle: Any) -> dict[Any, Any]:
         return handle.tensors
@@ -115,6 +118,7 @@ class InlineTransport(Transport):
 
     memory = "process"
     can_kill = False
+    versioned_weights = True  # each version is a fresh copy, read whole
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -128,7 +132,7 @@ class InlineTransport(Transport):
         self._channels: list[_InlineChannel | None] = [None] * num_workers
         self._inboxes: list[_Inbox | None] = [None] * num_workers
         self._threads: list[threading.Thread | None] = [None] * num_workers
-        self._weights: Tensors = {}
+        self._weights: tuple[int | None, Tensors] = (None, {})
 
     # -- life --------------------------------------------------------------------------------
     async def start(self, w: int, spec: bytes) -> Any:
@@ -219,9 +223,9 @@ class InlineTransport(Transport):
     def batch(self, w: int, slot: int) -> Tensors:
         return self._channels[w].slots[slot]  # type: ignore[union-attr]
 
-    def publish_weights(self, state: Tensors) -> None:
+    def publish_weights(self, state: Tensors, version: int) -> None:
         # A copy: the caller may go on training its module while workers load this version.
-        self._weights = {k: v.detach().clone() for k, v in state.items()}
+        self._weights = (version, {k: v.detach().clone() for k, v in state.items()})
 
     def attach_storage(self, w: int, storage: Any) -> None:
         from ._messages import AttachStorage

@@ -132,7 +132,7 @@ class _Worker:
             adapter = PolicyAdapter(policy, policy_device=c.policy_device, exploration_type=c.exploration_type)
             adapter.trusted = bool(c.trust_policy)
             if spec.load_weights:  # updates were published since the engine pickled the policy
-                load_into(adapter.policy, self.channel.weights())
+                self.channel.read_weights(lambda state: load_into(adapter.policy, state))
             if spec.weights is not None:  # weights sent to this worker alone
                 load_into(adapter.policy, unpack_state(spec.weights))
             adapter.version = spec.policy_version

@@ -157,10 +157,10 @@ class RayTransport(RemoteTransport):
             self._leased = False
             release_ray()
 
-    def publish_weights(self, state: Any) -> None:
+    def publish_weights(self, state: Any, version: int) -> None:
         import ray
 
-        super().publish_weights(state)
+        super().publish_weights(state, version)
         # One copy in the object store per update, whatever the number of actors.
         self._weights_ref = ray.put(self._weights) if self._opened else None
 

@@ -273,7 +273,7 @@ class RemoteTransport(Transport):
     def batch(self, w: int, slot: int) -> Tensors:
         return self._nodes[w].batches[slot]
 
-    def publish_weights(self, state: Tensors) -> None:
+    def publish_weights(self, state: Tensors, version: int) -> None:
         # A fresh copy per version: a push still being serialized keeps the one it was given.
         with torch.no_grad():
             self._weights = {k: torch.as_tensor(v).detach().to("cpu", copy=True) for k, v in state.items()}

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ._messages import ApplyWeights, BatchReady, Close, Command, Event
-from ._transport import BUSY, CONTROL_WORDS, PROGRESS, STOP, WorkerChannel
+from ._transport import BUSY, CONTROL_WORDS, PROGRESS, STOP, Tensors, WorkerChannel
 
 __all__ = ["HostSetup", "NodeHost", "PollResult"]
 
@@ -67,7 +67,7 @@ class _HostChannel(WorkerChannel):
         self._cond = threading.Condition()
         self._events: list[tuple[Event, dict[Any, Any] | None]] = []
         self._slots: list[dict[Any, Any]] = []
-        self._weights = weights or {}
+        self._weights: tuple[int | None, Any] = (None, weights or {})
         self._activity: Callable[[], int] | None = None
         self._interrupt: Callable[[], None] | None = None
 
@@ -84,8 +84,10 @@ class _HostChannel(WorkerChannel):
         self._slots = [{k: torch.empty(shape, dtype=dtype) for k, shape, dtype in layout} for _ in range(count)]
         return self._slots
 
-    def weights(self) -> Any:
-        return self._weights
+    def read_weights(self, into: Callable[[Tensors], None], have: int | None = None) -> int | None:
+        version, weights = self._weights  # queued ahead of the commands: maybe newer than the one handled
+        into(weights)
+        return version
 
     def storage(self, handle: Any) -> dict[Any, Any]:
         raise RuntimeError("remote nodes cannot write into the trainer's replay buffer")
@@ -169,7 +171,8 @@ class NodeHost:
                 cmd, w = self._early.pop(self._next_seq)
                 self._next_seq += 1
                 if isinstance(cmd, ApplyWeights) and w is not None:
-                    self._channel._weights = w  # the newest wins: every update is a whole state
+                    # The newest wins (every update is a whole state), and says which it is.
+                    self._channel._weights = (cmd.version, w)
                 self._channel._commands.put(cmd)
 
     def poll(self) -> PollResult:

@@ -74,6 +74,7 @@ class SubprocessTransport(Transport):
 
     memory = "host"
     can_kill = True
+    versioned_weights = True  # a seqlocked WeightBlock
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -113,8 +114,7 @@ class SubprocessTransport(Transport):
         process = self._ctx.Process(
             target=run_in_environ,
             args=(dict(os.environ), subprocess_main, child, alive_r, spec,
-                  FdArg(None if weights is None else weights.block.fd),
-                  0 if weights is None else weights.block.size, self.weights_layout),
+                  FdArg(None if weights is None else weights.block.fd), self.weights_layout),
             name=f"aiocollect-worker-{w}",
             daemon=True,
         )  # fmt: skip
@@ -285,8 +285,8 @@ class SubprocessTransport(Transport):
     def batch(self, w: int, slot: int) -> Tensors:
         return self._procs[w].slots[slot]
 
-    def publish_weights(self, state: Tensors) -> None:
-        self._weights.copy_in(state)
+    def publish_weights(self, state: Tensors, version: int) -> None:
+        self._weights.copy_in(state, version)
 
     def attach_storage(self, w: int, storage: Any) -> None:
         info, fd = storage.share()

@@ -12,13 +12,14 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ._launch_group import die_with_group, end_group_but_self, lead_new_group
 from ._loop import run_worker
 from ._messages import Close, Command, Event
-from ._transport import CONTROL_WORDS, WorkerChannel
+from ._transport import CONTROL_WORDS, Tensors, WorkerChannel
 
 __all__ = ["FdArg", "SlotsGiven", "SlotsWanted", "SubprocessChannel", "subprocess_main"]
 
@@ -59,10 +60,10 @@ class FdArg:
 class SubprocessChannel(WorkerChannel):
     """Commands over a Unix socket; slots, control words and weights in memfd blocks."""
 
-    def __init__(self, conn: Any, weights_fd: int | None, weights_bytes: int, weights_layout: Any) -> None:
+    def __init__(self, conn: Any, weights_fd: int | None, weights_layout: Any) -> None:
         self._conn = conn
-        self._weights_fd, self._weights_bytes, self._weights_layout = weights_fd, weights_bytes, weights_layout
-        self._weights: dict[Any, Any] | None = None
+        self._weights_fd, self._weights_layout = weights_fd, weights_layout
+        self._weights: Any = None  # the WeightBlock, mapped at the first update
         self.control: Any = None
         self.parent_lost = False  # the socket broke: the parent died (or dropped this worker)
 
@@ -106,17 +107,16 @@ class SubprocessChannel(WorkerChannel):
         self.control = block.views(words, count * size)["control"].numpy()
         return [block.views(layout, i * size) for i in range(count)]
 
-    def weights(self) -> dict[Any, Any]:
+    def read_weights(self, into: Callable[[Tensors], None], have: int | None = None) -> int | None:
         if self._weights is None:
-            from .._core._shm import SharedBlock
+            from ._weights import WeightBlock
 
             if self._weights_fd is None:  # pragma: no cover - the engine only syncs nn.Module policies
                 raise RuntimeError("this worker was started without a weight block")
-            block = SharedBlock(self._weights_bytes, self._weights_fd)
-            block.close_fd()
+            self._weights = WeightBlock(self._weights_layout, self._weights_fd)
+            self._weights.close()
             self._weights_fd = None
-            self._weights = block.views(self._weights_layout)
-        return self._weights
+        return self._weights.read(into, have)
 
     def storage(self, handle: Any) -> dict[Any, Any]:
         from multiprocessing.reduction import recv_handle
@@ -153,9 +153,7 @@ def _watch_parent(alive: Any, leader: bool) -> None:
     die_with_group(leader)
 
 
-def subprocess_main(
-    conn: Any, alive: Any, spec_bytes: bytes, weights_fd: FdArg, weights_bytes: int, weights_layout: Any
-) -> None:
+def subprocess_main(conn: Any, alive: Any, spec_bytes: bytes, weights_fd: FdArg, weights_layout: Any) -> None:
     """Entry point of a worker process (module level, so ``spawn`` and ``forkserver`` can import it)."""
     # Its own session, so its own process group: whatever the env starts joins it, and the
     # parent can end them all together (see _launch_group).
@@ -170,7 +168,7 @@ def subprocess_main(
     # parent learns of the worker's death from its EOF.
     os.register_at_fork(after_in_child=functools.partial(_cover_fds, [conn.fileno(), alive.fileno()]))
     threading.Thread(target=_watch_parent, args=(alive, leader), name="aiocollect parent watcher", daemon=True).start()
-    channel = SubprocessChannel(conn, weights_fd.detach(), weights_bytes, weights_layout)
+    channel = SubprocessChannel(conn, weights_fd.detach(), weights_layout)
     run_worker(channel, spec_bytes)
     # Skip interpreter teardown (seconds with torch loaded): nothing is left to flush but stdio.
     sys.stdout.flush()

@@ -45,10 +45,15 @@ class Transport(ABC):
       any storage, it is in their process. ``"host"``: storages that are shareable between
       processes (`SharedMemoryStorage`, `MemmapStorage`). ``"none"``: the engine writes.
     * ``can_kill``: `kill` really stops a hung worker (a thread cannot be killed).
+    * ``versioned_weights``: publishing a version never disturbs a worker still loading an
+      older one, and each worker learns from the store which version it loaded
+      (`WorkerChannel.read_weights` returns it). Otherwise the engine publishes a version only
+      once every worker has acknowledged the last one.
     """
 
     memory: ClassVar[Literal["process", "host", "none"]]
     can_kill: ClassVar[bool]
+    versioned_weights: ClassVar[bool] = False
 
     @classmethod
     @abstractmethod
@@ -145,8 +150,8 @@ class Transport(ABC):
         slot is asked to collect again: copy what you keep)."""
 
     @abstractmethod
-    def publish_weights(self, state: Tensors) -> None:
-        """Put a new state dict where workers load it from on `ApplyWeights`."""
+    def publish_weights(self, state: Tensors, version: int) -> None:
+        """Put a new state dict, policy version ``version``, where workers load it from on `ApplyWeights`."""
 
     @abstractmethod
     def attach_storage(self, w: int, storage: Any) -> None:
@@ -195,8 +200,13 @@ class WorkerChannel(ABC):
         """
 
     @abstractmethod
-    def weights(self) -> Tensors:
-        """The state dict last published with `Transport.publish_weights`."""
+    def read_weights(self, into: Callable[[Tensors], None], have: int | None = None) -> int | None:
+        """Call ``into`` with the state dict last published with `Transport.publish_weights`.
+
+        Returns the version ``into`` got, or ``None`` where the store cannot tell (the caller
+        takes the version its command names). ``have``: the version the caller holds; a store
+        that can tell it still holds that one may skip ``into``.
+        """
 
     @abstractmethod
     def storage(self, handle: Any) -> dict[Any, Any]:

@@ -69,20 +69,24 @@ def apply_weights(rollout: Any, channel: WorkerChannel, cmd: WeightCommand) -> N
     from ._weights import load_into, unpack_state
 
     adapter = rollout.policy
-    source = channel.weights() if isinstance(cmd, ApplyWeights) else None
-    if isinstance(cmd, LoadWeights) and cmd.payload is not None:
-        source = unpack_state(cmd.payload)
+    version = cmd.version
     with adapter.lock:  # never in the middle of a policy call
-        if source is not None:
-            load_into(adapter.policy, source)
-        adapter.version = cmd.version
+        if isinstance(cmd, ApplyWeights):
+            # The store may already hold a newer version than the command names (the engine
+            # published again while this worker finished its batch): that one is loaded, and
+            # frames say so.
+            got = channel.read_weights(lambda state: load_into(adapter.policy, state), adapter.version)
+            version = version if got is None else max(version, got)
+        elif cmd.payload is not None:
+            load_into(adapter.policy, unpack_state(cmd.payload))
+        adapter.version = version
     if isinstance(cmd, LoadWeights) and cmd.restore:
-        restore_version(rollout, cmd.version)
+        restore_version(rollout, version)
     else:
         applied = getattr(rollout, "weights_applied", None)
         if applied is not None:  # a PolicyVersion transform on a TorchRL env moves on
             applied()
-    channel.send(WeightsApplied(cmd.version))
+    channel.send(WeightsApplied(version))
 
 
 def restore_version(rollout: Any, version: int) -> None:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import pickle
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from .._core._shm import Layout, SharedBlock, layout_nbytes
+
+_HEADER = [("header", (2,), torch.int64)]  # a WeightBlock's [seq, version]
 
 __all__ = ["WeightBlock", "flat_state", "load_into", "pack_state", "state_of", "unpack_state", "weights_layout"]
 
@@ -45,11 +48,23 @@ def flat_state(source: Any) -> dict[str, Any]:
 
 
 def state_of(layout: Layout, source: Any) -> dict[str, Any]:
-    """The state dict named by ``source`` (module, state dict or TensorDict), checked against ``layout``."""
+    """The state dict named by ``source`` (module, state dict or TensorDict), checked against ``layout``.
+
+    Raises:
+        KeyError: An entry of the layout is missing.
+        ValueError: An entry's shape is not the layout's.
+    """
     state = flat_state(source)
     missing = {k for k, _, _ in layout} - set(state)
     if missing:
         raise KeyError(f"weights are missing entries {sorted(missing)}; pass the policy's full state dict")
+    for k, shape, _ in layout:
+        got = tuple(getattr(state[k], "shape", ()))
+        if got != tuple(shape):
+            raise ValueError(
+                f"weights entry {k!r} must have the policy's shape {tuple(shape)}, got {got}; "
+                "pass the state dict of a policy of the same architecture"
+            )
     return state
 
 
@@ -85,18 +100,70 @@ class WeightBlock:
 
     Nothing is copied in until the first `copy_in`: a worker starts from the weights its
     pickled policy carries, and maps this block only when told to apply an update.
+
+    The block ends with two words, ``[seq, version]``: a seqlock. The engine (the one writer)
+    makes ``seq`` odd, writes the weights and their version, and makes it even again; a worker
+    copies the weights out and keeps the copy only if ``seq`` was even and unchanged around
+    it, else copies again. So the engine can publish a new version while a worker is still
+    loading the last one (a `MultiAsyncCollector` worker loads at the end of its batch, long
+    after the update was sent), and no worker ever loads a torn mix of two versions.
+
+    Args:
+        layout: ``[(key, shape, dtype)]`` of the policy's state dict.
+        fd: The block's memfd, in the worker that maps it (``None``: create the block).
     """
 
-    def __init__(self, layout: Layout) -> None:
-        self.layout = list(layout)
-        self.block = SharedBlock(layout_nbytes(self.layout))
-        self.views = self.block.views(self.layout)
+    _SPIN_LIMIT = 60.0  # seconds a reader waits for a write in progress (one copy of the weights)
 
-    def copy_in(self, state: Any) -> None:
-        """Write ``state`` (a mapping with every key of the layout) into the shared block."""
-        with torch.no_grad():
-            for k, view in self.views.items():
-                view.copy_(state[k])
+    def __init__(self, layout: Layout, fd: int | None = None) -> None:
+        self.layout = list(layout)
+        body = layout_nbytes(self.layout)
+        self.block = SharedBlock(body + layout_nbytes(_HEADER), fd)
+        self.views = self.block.views(self.layout)
+        # A numpy view: each word is read and written as one aligned 8-byte access.
+        self._header = self.block.views(_HEADER, body)["header"].numpy()
+
+    def copy_in(self, state: Any, version: int) -> None:
+        """Write ``state`` (checked by `state_of`) as ``version`` (the engine's side)."""
+        header = self._header
+        header[0] += 1  # odd: readers wait, or copy again
+        try:
+            with torch.no_grad():
+                for k, view in self.views.items():
+                    view.copy_(state[k])
+            header[1] = version
+        finally:
+            header[0] += 1
+
+    def read(self, into: Callable[[dict[Any, torch.Tensor]], None], have: int | None) -> int:
+        """Call ``into(views)`` on one whole version and return that version (a worker's side).
+
+        ``have``: the version the caller already holds; if the block still holds it, ``into``
+        is not called.
+
+        Raises:
+            RuntimeError: A write stayed in progress for a minute (the engine died while
+                publishing).
+        """
+        header = self._header
+        deadline: float | None = None
+        while True:
+            seq = int(header[0])
+            if not seq & 1:
+                version = int(header[1])
+                if version != have:
+                    into(self.views)
+                if int(header[0]) == seq:
+                    return version
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + self._SPIN_LIMIT
+            elif now > deadline:
+                raise RuntimeError(
+                    f"the policy weights were being written for {self._SPIN_LIMIT:.0f} s without end; the "
+                    "collector that publishes them is gone"
+                )
+            time.sleep(0.0001)  # the engine is writing: one copy of the weights, usually microseconds
 
     def close(self) -> None:
         """Close the descriptor (workers that mapped the block keep their mapping)."""

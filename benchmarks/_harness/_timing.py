@@ -141,6 +141,18 @@ class Settings:
     warm_batches: int  # 0: no warmup run; runs have min_batches and the first one is the cold one
     max_batches: int = 400
 
+    @classmethod
+    def of_args(cls, args: Any) -> Settings:
+        """The worker-process scripts' settings from `parser`'s options: 3 runs of about 1 s after
+        a 3-batch warmup, or with ``--quick`` one run of at least 5 batches (about 0.3 s), cold."""
+        quick = args.quick
+        return cls(
+            repeats=args.repeats or (1 if quick else 3),
+            target_s=args.target_seconds or (0.3 if quick else 1.0),
+            min_batches=5 if quick else 3,
+            warm_batches=0 if quick else 3,
+        )
+
 
 def run_rows(
     rows: list[Row],

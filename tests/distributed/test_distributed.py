@@ -17,6 +17,7 @@ import anyio
 import pytest
 import torch
 from _node_envs import check_a_close_failure_on_a_node
+from _weight_policies import HangsWhenLoading, check_updates_back_to_back
 from tensordict.nn import TensorDictModule
 
 from aiocollect import (
@@ -192,21 +193,37 @@ async def test_async_update_after_each_batch_reaches_the_delivering_node() -> No
     assert c.stats().policy_version >= 12 - 1
 
 
-async def test_an_update_a_busy_node_never_applies_names_that_node() -> None:
+async def test_an_update_does_not_wait_for_a_node_in_the_middle_of_a_batch() -> None:
     policy = scripted()
     fns = [counting, partial(HangingEnv, 1, 8)]  # node 1 blocks in its second batch
     with anyio.fail_after(60):
         async with DistributedCollector(
             fns, policy, frames_per_batch=5, total_frames=-1, sync=False, worker_timeout=None,
-            weight_sync_timeout=1.0, **kw(),
+            weight_sync_timeout=30.0, **kw(),
         ) as c:  # fmt: skip
             await c.__anext__()
-            with pytest.raises(TimeoutError, match=r"^nodes \[1\] did not apply policy version 1 within"):
+            with anyio.fail_after(10):  # node 1's batch never ends: the update cannot wait for it
                 await c.update_policy_weights_()
-            # Node 0 applied the update and goes on with it (node 1 may still hand over
-            # what it collected before it hung).
+            # Node 0 applies the update and goes on with it (node 1 may still hand over what it
+            # collected before it hung).
             later = [await c.__anext__() for _ in range(4)]
     assert any((b[WORKER_ID] == 0).all() and (b[VERSION] == 1).all() for b in later)
+
+
+async def test_an_update_an_idle_node_never_applies_names_that_node() -> None:
+    policy = TensorDictModule(HangsWhenLoading(), ["observation"], ["action"])
+    with anyio.fail_after(60):
+        async with DistributedCollector(
+            [counting] * 2, policy, frames_per_batch=10, total_frames=-1, sync=True, worker_timeout=None,
+            weight_sync_timeout=1.0, **kw(),
+        ) as c:  # fmt: skip
+            await c.__anext__()  # sync nodes wait between batches: both are waited for
+            with pytest.raises(TimeoutError, match=r"^nodes \[0, 1\] did not apply policy version 1 within"):
+                await c.update_policy_weights_()
+
+
+async def test_updates_back_to_back_reach_every_node_whole_and_named() -> None:
+    await check_updates_back_to_back(DistributedCollector, counting, **kw())
 
 
 async def test_a_node_that_hangs_before_it_is_ready_fails_start_up_within_join_timeout() -> None:

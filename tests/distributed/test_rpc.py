@@ -13,6 +13,7 @@ import pytest
 import torch
 from _node_envs import check_a_close_failure_on_a_node, check_envs_on_nodes
 from _rendezvous import MeetingCountingEnv, met
+from _weight_policies import check_updates_back_to_back
 from tensordict.nn import TensorDictModule
 
 from aiocollect import RPCCollector, WorkerCrashedError, WorkerError
@@ -96,6 +97,11 @@ async def test_weight_updates_are_acknowledged_and_used_by_every_node() -> None:
             after = await c.__anext__()
     assert (after[VERSION] == 1).all()
     assert (after["action"][after["observation"][..., 2] > 0] == 0).all()
+
+
+async def test_updates_back_to_back_reach_every_node_whole_and_named() -> None:
+    # An RPC node queues each update's weights as they arrive, ahead of the command it handles.
+    await check_updates_back_to_back(RPCCollector, counting, **kw())
 
 
 async def test_a_raising_node_is_reported_with_its_rank_and_traceback() -> None:

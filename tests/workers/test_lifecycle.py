@@ -16,6 +16,7 @@ import anyio
 import pytest
 import torch
 from _leaks import still_running
+from _weight_policies import HangsWhenLoading
 
 from aiocollect import CollectorClosedError, MultiAsyncCollector, MultiSyncCollector
 from aiocollect.testing import CountingEnv, ScriptedPolicy
@@ -179,16 +180,31 @@ class _SaysWhenStepping(CountingEnv):
 
 
 @pytest.mark.anyio
-async def test_weight_update_timeout_names_the_late_workers(tmp_path: Path) -> None:
-    # Both workers must be inside their (huge) batch: a worker still starting up applies an
-    # update before its first batch, as designed, and would not be late.
+async def test_a_weight_update_does_not_wait_for_workers_in_the_middle_of_a_batch(tmp_path: Path) -> None:
+    # Both workers inside a batch that would take hours: the update is published and queued for
+    # them (they load it before their next batch), and the call returns at once instead of
+    # holding the trainer back for a whole batch.
     flags = [tmp_path / f"stepping-{w}" for w in range(2)]
     with anyio.fail_after(90):
         async with MultiAsyncCollector([partial(_SaysWhenStepping, f) for f in flags], ScriptedPolicy(1.0),
-                                       frames_per_batch=2_000_000, weight_sync_timeout=0.5) as c:  # fmt: skip
+                                       frames_per_batch=2_000_000, weight_sync_timeout=60) as c:  # fmt: skip
             # Files written by other processes: no event to await, so poll (this orders nothing by time).
             while not all(f.exists() for f in flags):  # noqa: ASYNC110
                 await anyio.sleep(0.01)
+            with anyio.fail_after(10):  # far below the batch, and below weight_sync_timeout
+                await c.update_policy_weights_(ScriptedPolicy(-1.0))
+                await c.update_policy_weights_(ScriptedPolicy(2.0))  # and again, the first one still unloaded
+            assert c.policy_version == 2
+
+
+@pytest.mark.anyio
+async def test_weight_update_timeout_names_the_late_workers() -> None:
+    # Idle workers (a sync collector between batches) are waited for; ones that do not load the
+    # weights within weight_sync_timeout are named.
+    with anyio.fail_after(90):
+        async with MultiSyncCollector(CountingEnv, HangsWhenLoading(), num_workers=2, frames_per_batch=8,
+                                      weight_sync_timeout=0.5, shutdown_timeout=2) as c:  # fmt: skip
+            await c.__anext__()
             with pytest.raises(TimeoutError, match=r"^workers \[0, 1\] did not apply policy version 1 within"):
                 await c.update_policy_weights_(ScriptedPolicy(-1.0))
 
