@@ -37,7 +37,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -99,20 +99,25 @@ def make_workloads(waiting_workers: int) -> list[Workload]:
     ]
 
 
-def updating(c: Any, update: bool, calls: list[float], lags: list[float]) -> Iterator[Any]:
-    """Iterate ``c`` (shutting it down at the end); after each batch, update its weights if asked.
+@dataclass
+class Samples:
+    """What one row records across its runs, besides its frames/s."""
 
-    ``lags``: for aiocollect, how many updates old the oldest weights in each batch were.
-    """
+    update_s: list[float] = field(default_factory=list)  # each update_policy_weights_() call
+    lag: list[float] = field(default_factory=list)  # aiocollect: how many updates old each batch's oldest weights were
+
+
+def updating(c: Any, update: bool, samples: Samples) -> Iterator[Any]:
+    """Iterate ``c`` (shutting it down at the end); after each batch, update its weights if asked."""
     try:
         for batch in c:
             yield batch
             if update and ("collector", "policy_version") in batch.keys(True):
-                lags.append(c.policy_version - int(batch["collector", "policy_version"].min()))
+                samples.lag.append(c.policy_version - int(batch["collector", "policy_version"].min()))
             if update:
                 t = time.perf_counter()
                 c.update_policy_weights_()
-                calls.append(time.perf_counter() - t)
+                samples.update_s.append(time.perf_counter() - t)
     finally:
         c.shutdown()
 
@@ -128,15 +133,16 @@ def fpb_of(role: str, w: Workload) -> int:
     return w.workers * w.fpb if role == "MultiSync" else w.fpb
 
 
-def build_rows(w: Workload, library: str, classes: dict[str, type], calls: dict[str, list[float]]) -> list[Row]:
+def build_rows(
+    w: Workload, library: str, classes: dict[str, type], samples: dict[tuple[str, str], Samples]
+) -> list[Row]:
     rows = []
     for role, cls in classes.items():
         for update in (False, True):
             label = "DistributedCollector(sync=False)" if role == "Distributed" else cls.__name__
             name = f"{library} {label}" + (", update every batch" if update else "")
             fpb = fpb_of(role, w)
-            times = calls.setdefault(f"{w.key}/{name}", [])
-            lags = calls.setdefault(f"{w.key}/{name}/lag", [])
+            rec = samples.setdefault((w.key, name), Samples())
 
             def runner(
                 total: int,
@@ -144,8 +150,7 @@ def build_rows(w: Workload, library: str, classes: dict[str, type], calls: dict[
                 role: str = role,
                 fpb: int = fpb,
                 update: bool = update,
-                times: list[float] = times,
-                lags: list[float] = lags,
+                rec: Samples = rec,
             ) -> Run:
                 if library == "aiocollect":
                     make = functools.partial(make_aio, cls, role, w, fpb, total)
@@ -155,7 +160,7 @@ def build_rows(w: Workload, library: str, classes: dict[str, type], calls: dict[
                     module = TensorDictModule(w.policy, in_keys=["observation"], out_keys=["action"])
                     make = lambda: cls([w.trl_env_fn] * w.workers, module, frames_per_batch=fpb,  # noqa: E731
                                        total_frames=total)  # fmt: skip
-                return h.measure_iter(lambda: updating(make(), update, times, lags))
+                return h.measure_iter(lambda: updating(make(), update, rec))
 
             kind = ("upd_" if update else "") + ("aio" if library == "aiocollect" else "torchrl")
             rows.append(Row(w.key, name, kind, runner, fpb, role, w.workers))
@@ -226,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         *([f"NOTE: TorchRL rows skipped ({trl_missing})"] if trl_missing else []),
     )
     workloads = [w for w in make_workloads(args.waiting_workers) if not args.workload or w.key in args.workload]
-    calls: dict[str, list[float]] = {}
+    samples: dict[tuple[str, str], Samples] = {}
     rows: list[Row] = []
     log("\n[1/2] bare loop and aiocollect (round robin per workload)")
     for w in workloads:
@@ -235,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
             return h.measure_iter(lambda: wl.bare_loop(w.env_fn, w.policy, w.fpb, t))
 
         bare = Row(w.key, "bare loop (1 process)", "bare", bare_run, w.fpb)
-        wrows = [bare, *build_rows(w, "aiocollect", _AIO, calls)]
+        wrows = [bare, *build_rows(w, "aiocollect", _AIO, samples)]
         h.run_rows(wrows, st, check_leaks)
         rows += wrows
     if trl_missing is None:
@@ -248,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         multiprocessing.set_start_method(args.torchrl_start_method, force=True)
         log(f"\n[2/2] TorchRL ({', '.join(c.__name__ for c in classes.values())}), {args.torchrl_start_method}")
         for w in workloads:
-            trows = build_rows(w, "TorchRL", classes, calls)
+            trows = build_rows(w, "TorchRL", classes, samples)
             h.run_rows(trows, st, check_leaks)
             rows += trows
     else:
@@ -264,8 +269,7 @@ def main(argv: list[str] | None = None) -> int:
             other = None
             if library == "aio" and r.role:
                 other = h.find(mine, kind=r.kind.replace("aio", "torchrl"), role=r.role)
-            times = calls.get(f"{w.key}/{r.name}", [])
-            lags = calls.get(f"{w.key}/{r.name}/lag", [])
+            rec = samples.get((w.key, r.name), Samples())
             table.append(
                 {
                     "workload": w.title,
@@ -276,8 +280,8 @@ def main(argv: list[str] | None = None) -> int:
                     "vs_bare": h.div(r.fps, bare and bare.fps),
                     "vs_no_update": h.div(r.fps, plain and plain.fps),
                     "vs_torchrl": h.div(r.fps, other and other.fps),
-                    "update_s": h.median(times) if times else h.NAN,
-                    "lag": h.median(lags) if lags else h.NAN,
+                    "update_s": h.median(rec.update_s),
+                    "lag": h.median(rec.lag),
                     "leaked": r.leaks,
                 }
             )
