@@ -15,7 +15,10 @@ import os
 import secrets
 import socket
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from typing import Any
+
+from ._ports import held_port
 
 __all__ = ["ENV", "apply_delayed_context", "check_delayed_node_count", "delayed_main", "delayed_node"]
 
@@ -61,12 +64,6 @@ def check_delayed_node_count(options: Mapping[str, Any], num_workers: int) -> No
         )
 
 
-def _free_port(addr: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((addr, 0))
-        return int(s.getsockname()[1])
-
-
 def delayed_main(
     main: Callable[..., Any],
     args: tuple[Any, ...],
@@ -77,14 +74,16 @@ def delayed_main(
 ) -> Any:
     """The main job: publish where the trainer listens, then run the user's main function."""
     addr = os.environ.get("MASTER_ADDR") or ("127.0.0.1" if local else socket.gethostbyname(socket.gethostname()))
-    port = context["port"] or _free_port(addr)  # chosen where the trainer runs, so it is free there
-    ctx = {**context, "addr": addr, "port": port, "session": secrets.token_hex(4)}
-    tmp = f"{rendezvous}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(ctx, f)
-    os.replace(tmp, rendezvous)  # the decorator never reads a half-written file
-    os.environ[ENV] = json.dumps(ctx)
-    return main(*args, **kwargs)
+    # Chosen where the trainer runs, so it is free there, and held until main's collector
+    # listens on it: the node jobs connect there, whenever main gets to its collector.
+    with nullcontext(context["port"]) if context["port"] else held_port(addr) as port:
+        ctx = {**context, "addr": addr, "port": port, "session": secrets.token_hex(4)}
+        tmp = f"{rendezvous}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(ctx, f)
+        os.replace(tmp, rendezvous)  # the decorator never reads a half-written file
+        os.environ[ENV] = json.dumps(ctx)
+        return main(*args, **kwargs)
 
 
 def delayed_node(ctx: dict[str, Any], rank: int, timeout: float) -> None:

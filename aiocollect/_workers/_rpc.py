@@ -15,9 +15,9 @@ from __future__ import annotations
 import importlib.util
 import multiprocessing.connection
 import secrets
-import socket
 import threading
 from collections.abc import Mapping
+from contextlib import nullcontext
 from typing import Any
 
 from ._distributed_options import check_main_and_times, check_port, master_addr
@@ -25,6 +25,7 @@ from ._launch_delayed import apply_delayed_context, check_delayed_node_count
 from ._launch_ray import check_ray_launcher_options, check_ray_node_count
 from ._launchers import make_launcher
 from ._messages import Exited
+from ._ports import held_port
 from ._prestart import node_preload
 from ._remote import Done, RemoteTransport
 from ._remote_node import HostSetup
@@ -90,12 +91,6 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _free_port(addr: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((addr, 0))
-        return int(s.getsockname()[1])
-
-
 def _outcome(future: Any) -> tuple[Any, BaseException | None]:
     try:
         return future.value(), None
@@ -130,8 +125,14 @@ class RpcTransport(RemoteTransport):
                 "torch RPC is already initialized in this process (another RPCCollector, or your own "
                 "rpc.init_rpc): torch allows one RPC group per process; close the other one first"
             )
+        opts = self.options
+        with nullcontext(opts["tcp_port"]) if opts["tcp_port"] else held_port(opts["master_addr"]) as port:
+            self._open_group(port)  # the port stays ours until the group's store listens there
+
+    def _open_group(self, port: int) -> None:
+        import torch.distributed.rpc as rpc
+
         opts, n = self.options, self.num_workers
-        port = opts["tcp_port"] or _free_port(opts["master_addr"])
         preload = node_preload(("torch.distributed.rpc", rpc_node_main.__module__), opts["worker_main"])
         self._launcher = make_launcher(opts, rpc_node_main, preload)
         args = (opts["master_addr"], port, opts["join_timeout"], opts["tensorpipe_options"])

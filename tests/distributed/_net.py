@@ -10,7 +10,7 @@ from typing import Any
 
 import psutil
 
-__all__ = ["SocketAudit", "free_port", "outside_loopback"]
+__all__ = ["SocketAudit", "outside_loopback"]
 
 
 def _is_loopback(addr: str) -> bool:
@@ -98,10 +98,3 @@ class SocketAudit:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS says is free now (for launchers that need a port before they start)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])

@@ -13,6 +13,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
 
@@ -21,11 +23,11 @@ import psutil
 import pytest
 import torch
 from _leaks import orphans_reparented_here
-from _net import free_port
 from tensordict.nn import TensorDictModule
 
 from aiocollect import DistributedCollector, DistributedSyncCollector
 from aiocollect._workers import _launch
+from aiocollect._workers._ports import held_port
 from aiocollect.testing import CountingEnv, ScriptedPolicy
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
@@ -65,20 +67,41 @@ async def finish(proc: anyio.abc.Process) -> tuple[int, str]:
     return await proc.wait(), err.decode()
 
 
+@asynccontextmanager
+async def killed_on_failure(nodes: list[anyio.abc.Process]) -> AsyncIterator[None]:
+    """Kill the test's nodes if its body fails (a node whose trainer never came up waits on).
+
+    Otherwise the failure leaves the node running and the test hangs in `finish` until its
+    deadline, reported as a timeout and a leak instead of the error that caused it.
+    """
+    try:
+        yield
+    except BaseException:
+        alive = [proc for proc in nodes if proc.returncode is None]
+        with anyio.CancelScope(shield=True), anyio.move_on_after(15):
+            for proc in alive:
+                proc.kill()
+            for proc in alive:
+                try:
+                    code, err = await finish(proc)  # what the node said helps tell why the test failed
+                except anyio.ClosedResourceError:  # its stderr was being read when the test failed
+                    code, err = await proc.wait(), "(stderr read by the test)"
+                print(f"node pid {proc.pid} ended with {code}: {err[-2000:]}")
+        raise
+
+
 async def test_external_nodes_join_from_the_node_entry_point_and_leave_when_closed() -> None:
-    port = free_port()
     fns = [partial(CountingEnv, 1, episode_length=5, first_index=i * 10) for i in range(2)]
-    with anyio.fail_after(90):
+    with anyio.fail_after(90), held_port("127.0.0.1") as port:
         # Nodes may start before the trainer: they wait for its store to come up.
         nodes = [await run_node(port, r, f"127.0.0.{r + 1}", WORLD_SIZE="3") for r in (1, 2)]
-        try:
+        async with killed_on_failure(nodes):
             async with DistributedCollector(
                 fns, scripted(), frames_per_batch=20, total_frames=60, sync=True, launcher="external", tcp_port=port
             ) as c:
                 assert c._transport.store_port == port
                 batches = [b async for b in c]
                 hosts = sorted(str(p).split(" on ")[1] for p in c._worker_pids())
-        finally:
             results = [await finish(p) for p in nodes]
     assert [r[0] for r in results] == [0, 0], [r[1] for r in results]
     assert len(batches) == 3 and all(b.shape == torch.Size([2, 1, 10]) for b in batches)
@@ -88,23 +111,19 @@ async def test_external_nodes_join_from_the_node_entry_point_and_leave_when_clos
 
 
 async def test_misconfigured_external_nodes_are_turned_away_with_the_reason() -> None:
-    port = free_port()
-    with anyio.fail_after(90):
-        good = await run_node(port, 1, "127.0.0.2")
-        try:
+    with anyio.fail_after(90), held_port("127.0.0.1") as port:
+        nodes = [await run_node(port, 1, "127.0.0.2")]
+        async with killed_on_failure(nodes):
             async with DistributedSyncCollector(
                 [partial(CountingEnv, 1)], scripted(), frames_per_batch=4, launcher="external", tcp_port=port
             ) as c:
                 await c.__anext__()
-                bad = [
-                    await run_node(port, 2, "127.0.0.3"),  # out of range: one node
-                    await run_node(port, 1, "127.0.0.4", WORLD_SIZE="4"),  # torchrun-style size mismatch
-                    await run_node(port, 1, "127.0.0.5"),  # rank 1 is running
-                ]
-                rejected = [await finish(p) for p in bad]
+                nodes.append(await run_node(port, 2, "127.0.0.3"))  # out of range: one node
+                nodes.append(await run_node(port, 1, "127.0.0.4", WORLD_SIZE="4"))  # torchrun-style size mismatch
+                nodes.append(await run_node(port, 1, "127.0.0.5"))  # rank 1 is running
+                rejected = [await finish(p) for p in nodes[1:]]
                 await c.__anext__()  # the running node was not disturbed
-        finally:
-            code, err = await finish(good)
+            code, err = await finish(nodes[0])
     assert code == 0, err
     assert [r[0] for r in rejected] == [1, 1, 1]
     assert "RANK=2 is out of range: this collector has 1 nodes, ranks 1 to 1" in rejected[0][1]
@@ -186,11 +205,11 @@ async def test_torchrun_job_with_the_trainer_as_rank_0_uses_the_agents_store(tmp
     env["TMPDIR"] = str(tmp_path)  # torchrun's log folders go where the test's files go
     for key in ("RANK", "WORLD_SIZE", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"):
         env.pop(key, None)
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-addr", "127.0.0.1",
-        "--master-port", str(free_port()), str(Path(__file__).parent / "_torchrun_job.py"), str(out),
-    ]  # fmt: skip
-    with anyio.fail_after(100):
+    with anyio.fail_after(100), held_port("127.0.0.1") as port:
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-addr", "127.0.0.1",
+            "--master-port", str(port), str(Path(__file__).parent / "_torchrun_job.py"), str(out),
+        ]  # fmt: skip
         done = await anyio.run_process(cmd, env=env, check=False)
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     seen = json.loads(out.read_text())
