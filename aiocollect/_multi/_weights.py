@@ -223,7 +223,8 @@ class EngineWeights(WeightSyncAPI):
         which = f"policy version {versions[0]}" if len(versions) == 1 else f"policy versions {versions}"
         raise TimeoutError(
             f"{self._worker_noun} {late} did not apply {which} within weight_sync_timeout="
-            f"{self._mc.weight_sync_timeout}s; raise weight_sync_timeout or make batches shorter"
+            f"{self._mc.weight_sync_timeout}s, though they were between batches; raise weight_sync_timeout "
+            "if loading weights this large takes longer, else find what holds them up (their env or policy)"
         )
 
     # -- state -----------------------------------------------------------------------------------

@@ -205,8 +205,9 @@ async def test_weight_update_timeout_names_the_late_workers() -> None:
         async with MultiSyncCollector(CountingEnv, HangsWhenLoading(), num_workers=2, frames_per_batch=8,
                                       weight_sync_timeout=0.5, shutdown_timeout=2) as c:  # fmt: skip
             await c.__anext__()
-            with pytest.raises(TimeoutError, match=r"^workers \[0, 1\] did not apply policy version 1 within"):
+            with pytest.raises(TimeoutError, match=r"^workers \[0, 1\] did not apply policy version 1 within") as err:
                 await c.update_policy_weights_(ScriptedPolicy(-1.0))
+            assert "though they were between batches; raise weight_sync_timeout" in str(err.value)
 
 
 @pytest.mark.cuda
