@@ -27,6 +27,7 @@ ray = pytest.importorskip("ray")
 from _node_envs import check_a_close_failure_on_a_node, check_envs_on_nodes  # noqa: E402
 from _ray_procs import local_ray, no_leaks  # noqa: E402, F401  (the module's Ray and its leak check)
 from _rendezvous import MeetingCountingEnv, met  # noqa: E402
+from _weight_policies import check_updates_back_to_back  # noqa: E402
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 
@@ -106,6 +107,12 @@ async def test_async_update_after_each_batch_reaches_the_delivering_actor() -> N
         ) as c:
             versions = [int(b[VERSION].max()) async for b in c]
     assert versions[-1] > 0 and c.stats().policy_version >= 9
+
+
+async def test_updates_back_to_back_reach_every_actor_whole_and_named() -> None:
+    # An actor's host queues each update's weights as they arrive, ahead of the command it
+    # handles (the RPC node's code): it must load and name the newest whole version.
+    await check_updates_back_to_back(RayCollector, counting, **kw())
 
 
 @pytest.mark.parametrize("anyio_backend", ["trio"], indirect=True)
