@@ -129,6 +129,8 @@ async def test_weights_of_a_device_policy_reach_every_worker(cls: type) -> None:
 
 
 async def test_worker_batches_on_the_device_leave_no_device_memory_behind() -> None:
+    # Earlier tests' garbage first: freed during this test, it would make the end lower than the start.
+    gc.collect()
     if ON_GPU:
         torch.cuda.synchronize()
     start = torch.cuda.memory_allocated() if ON_GPU else 0
