@@ -35,6 +35,7 @@ class RolloutOutput:
     storing_device: torch.device | None
     compact: bool = False  # compact_obs: batches leave the next observations out
     hidden_keys: tuple[Any, ...] = ()  # kept for the collector, not delivered (track_provenance=False)
+    pinned: frozenset[Any] = frozenset()  # storage entries in page-locked memory (see Rollout._keys_to_pin)
 
     def _kept(self) -> list[tuple[Any, torch.Tensor]]:
         """The storage entries batches hold: all but a root reward the env does not have.
@@ -77,8 +78,20 @@ class RolloutOutput:
         trajectory id and policy version ``-1``, as TorchRL does.
         """
         assert self.buf is not None
+        gpu = None
         for k, v in self._kept():
-            out[k].copy_(v.movedim(0, self.nb))
+            o = out[k]
+            if o.is_cuda and k in self.pinned:
+                # The pinned host rows as they are, one DMA, then time moves to the back on the
+                # GPU: a strided host source would first be gathered into a pageable temporary
+                # and copied from there synchronously (43 MB of pixels: 1.0 ms against 6.0 ms
+                # on an H200). A pageable source keeps the plain copy, which is faster for it.
+                gpu = o.device
+                v = v.to(gpu, non_blocking=True)
+            o.copy_(v.movedim(0, self.nb))
+        if gpu is not None:
+            # The next batch rewrites these host rows from its first step on.
+            torch.cuda.current_stream(gpu).synchronize()
         for k in ("done", "terminated", "truncated"):
             out[k].zero_()
         versions = self.versions + [-1] * (self.T - len(self.versions))

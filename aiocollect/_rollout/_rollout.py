@@ -236,14 +236,9 @@ class Rollout(RolloutOutput):
         if self.max_steps:
             buf["step_count"] = torch.zeros((T, *B, 1), dtype=torch.int64)
             buf[("next", "step_count")] = torch.zeros((T, *B, 1), dtype=torch.int64)
-        dev = self.policy.device
-        if dev is not None and dev.type == "cuda" and self._numpy_actions:
-            # The policy's inputs are these rows (each step's next observation): pinned, its
-            # non_blocking copy to the GPU is one DMA, not a staged pageable copy (5-8% of the
-            # collector's time, profiled on an H200). Safe without an event: the action comes
-            # back to the host every step, after the copy, long before a later batch rewrites the row.
-            for k in self.spec.observation:
-                buf[_nxt(k)] = buf[_nxt(k)].pin_memory()
+        self.pinned = frozenset(self._keys_to_pin(buf))
+        for k in self.pinned:
+            buf[k] = buf[k].pin_memory()
         self.buf = buf
         # [T, *B] views of the [T, *B, 1] entries, so per-step writes need no reshape.
         self.flat = {k: buf[("next", k)].squeeze(-1) for k in ("reward", "done", "terminated", "truncated")}
@@ -256,6 +251,22 @@ class Rollout(RolloutOutput):
         # Every step writes the same slices: make their views once, not ~15 per step (for
         # batches of up to _CACHED_STEPS steps; longer ones make them as they go).
         self._cached_views = [self._make_views(t) for t in range(T)] if T <= _CACHED_STEPS else None
+
+    def _keys_to_pin(self, buf: dict[NestedKey, torch.Tensor]) -> list[NestedKey]:
+        """The storage entries worth pinning (page-locked host memory) for the GPU's copies."""
+        store = self.storing_device
+        if store is not None and store.type == "cuda":
+            # Every entry goes to the GPU at each batch's end (`_write_out`): pinned and
+            # contiguous, each is one DMA.
+            return list(buf)
+        dev = self.policy.device
+        if dev is not None and dev.type == "cuda" and self._numpy_actions:
+            # The policy's inputs are these rows (each step's next observation): pinned, its
+            # non_blocking copy to the GPU is one DMA, not a staged pageable copy (5-8% of the
+            # collector's time, profiled on an H200). Safe without an event: the action comes
+            # back to the host every step, after the copy, long before a later batch rewrites the row.
+            return [_nxt(k) for k in self.spec.observation]
+        return []
 
     def _make_views(self, t: int) -> StepOut:
         buf, buf_np = self.buf, self._buf_np
