@@ -14,6 +14,11 @@ same rows on the host, to check the script itself. Rows, all in one process, rou
 
     python benchmarks/bench_cuda.py [--quick] [--device cuda] [--json PATH]
     python benchmarks/bench_cuda.py --paired 30   # bare loop, stored on the host, on the device
+    python benchmarks/bench_cuda.py --write-out   # a batch's write-out to the device, alone
+
+``--write-out`` times the in-process collector's write-out of a batch to the device alone
+(CartPole x8 and an env with Atari-sized pixel observations), beside a strided ``copy_`` and a
+plain ``to(dev, non_blocking=True)`` of the same bytes.
 
 ``--paired N`` runs only the in-process sides, in one process, one batch of each per round (the
 order turning each round) for N rounds: the bare loop with the policy on the device (pinned
@@ -36,6 +41,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _harness as h
 import _workloads as wl
+import gymnasium as gym
+import numpy as np
 import torch
 
 import aiocollect
@@ -191,6 +198,80 @@ def report_paired(dev: str, rounds: int, json_path: str | None) -> int:
     return 0
 
 
+class PixelEnv(gym.Env):
+    """Atari-sized observations (4 stacked 84x84 uint8 frames), nearly free to step."""
+
+    observation_space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self) -> None:
+        self.frame, self.t = np.zeros((4, 84, 84), np.uint8), 0
+
+    def reset(self, *, seed: Any = None, options: Any = None) -> Any:
+        super().reset(seed=seed)
+        self.t = 0
+        return self.frame, {}
+
+    def step(self, action: Any) -> Any:
+        self.t += 1
+        self.frame[:, 0, 0] = self.t % 256
+        return self.frame, 1.0, False, self.t >= 50, {}
+
+
+def pixels8() -> Any:
+    return gym.vector.SyncVectorEnv([PixelEnv] * 8, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+
+def write_out(dev: str, repeats: int) -> int:
+    """The in-process collector's write-out alone (time-major host storage to a [B, T] batch on ``dev``).
+
+    Three ways to move the same storage, timed in turn: the collector's own write-out
+    (``storing_device=dev``), a strided ``copy_`` of each entry (the host gathers it into a
+    pageable temporary first), and a plain ``to(dev, non_blocking=True)`` of the contiguous
+    entries, with no change of layout (the floor).
+    """
+    h.log(f"write-out to {dev}, {FPB} frames per batch (8 envs x {FPB // 8} steps), median of {repeats}, ms:")
+    for label, make in (("CartPole x8", env8), ("pixels 4x84x84 uint8 x8", pixels8)):
+        c = aiocollect.SyncDataCollector(make, None, frames_per_batch=FPB, total_frames=-1, storing_device=dev)
+        it = h.iter_shutdown(c)
+        try:
+            next(it)  # allocates the storage (pinned when batches go to a GPU)
+            rollout = c._async._rollout  # the benchmark reaches in: the write-out alone, not the steps
+            mb, times = _time_ways(rollout, dev, repeats)
+            cells = ", ".join(f"{name} {h.median(t) * 1e3:.3f}" for name, t in times.items())
+            h.log(f"  {label} ({mb:.2f} MB): {cells}")
+        finally:
+            it.close()
+    return 0
+
+
+def _time_ways(rollout: Any, dev: str, repeats: int) -> tuple[float, dict[str, list[float]]]:
+    sync = torch.cuda.synchronize if dev.startswith("cuda") else (lambda: None)
+    kept = rollout._kept()
+    out = {k: torch.empty(shape, dtype=dtype, device=dev) for k, shape, dtype in rollout.output_layout()}
+
+    def strided() -> None:
+        for k, v in kept:
+            out[k].copy_(v.movedim(0, rollout.nb))
+
+    def plain() -> None:
+        for _, v in kept:
+            v.to(dev, non_blocking=True)
+
+    ways = {"aiocollect write-out": lambda: rollout._write_out(out, rollout.T), "strided copy_": strided,
+            "plain to(non_blocking)": plain}  # fmt: skip
+    times: dict[str, list[float]] = {name: [] for name in ways}
+    for i in range(repeats + 3):
+        for name, fn in ways.items():
+            sync()
+            t = time.perf_counter()
+            fn()
+            sync()
+            if i >= 3:  # the first rounds warm the allocators up
+                times[name].append(time.perf_counter() - t)
+    return sum(v.numel() * v.element_size() for _, v in kept) / 2**20, times
+
+
 def main() -> int:
     ap = h.parser(__doc__, quick="one short run per row", repeats="timed runs per row (default 3)",
                   no_torchrl="leave TorchRL's rows out", strict=False)  # fmt: skip
@@ -198,6 +279,7 @@ def main() -> int:
     ap.add_argument("--paired", type=int, metavar="N", help="only the in-process sides, N rounds in one process")
     ap.add_argument("--single", choices=SIDES, help="only this side, --batches batches (for a sampling profiler)")
     ap.add_argument("--batches", type=int, default=60, help="batches for --single (default 60)")
+    ap.add_argument("--write-out", action="store_true", help="only the write-out of a batch to the device, timed alone")
     args = ap.parse_args()
     dev = args.device
     if dev.startswith("cuda") and not torch.cuda.is_available():
@@ -208,6 +290,8 @@ def main() -> int:
         return single(dev, args.single, args.batches)
     if args.paired:
         return report_paired(dev, args.paired, args.json)
+    if args.write_out:
+        return write_out(dev, args.repeats or 30)
     session = h.Session("torch", "tensordict", "gymnasium", "torchrl", "aiocollect")
     card = torch.cuda.get_device_name(0) if dev.startswith("cuda") else "no GPU (host run)"
     session.header(f"bench_cuda: policy on {dev}, frames_per_batch={FPB}", card)
