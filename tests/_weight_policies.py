@@ -6,6 +6,7 @@ Workers and nodes unpickle them by reference, so they live in a module of their 
 * `VersionEcho` writes its weight's first and last entry into every frame: a batch shows which
   weights collected it, and whether they were one whole version.
 * `HangsWhenLoading` hangs when a worker or node loads new weights into it.
+* `DeviceEcho` acts as `aiocollect.testing.ScriptedPolicy` and writes where its forward ran.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import anyio
 import torch
 from tensordict import TensorDict
 
-__all__ = ["HangsWhenLoading", "VersionEcho", "check_updates_back_to_back"]
+__all__ = ["DeviceEcho", "HangsWhenLoading", "VersionEcho", "check_updates_back_to_back"]
 
 VERSION, WORKER_ID = ("collector", "policy_version"), ("collector", "worker_id")
 
@@ -35,6 +36,21 @@ class VersionEcho(torch.nn.Module):
         lead = td["observation"].shape[:-1]
         td["action"] = torch.zeros(lead, dtype=torch.int64)
         td["seen"] = torch.stack([self.w[0], self.w[-1]]).expand(*lead, 2).clone()
+        return td
+
+
+class DeviceEcho(torch.nn.Module):
+    """``action = (obs.sum(-1) * weight) > 0``, and ``"ran_on"``: the CUDA index its forward ran on (-1: the host)."""
+
+    def __init__(self, weight: float = 1.0) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.tensor(float(weight)))
+
+    def forward(self, td: TensorDict) -> TensorDict:
+        obs = td["observation"]
+        td["action"] = ((obs.sum(-1) * self.weight) > 0).long()
+        where = (obs.device.index or 0) if obs.is_cuda and self.weight.is_cuda else -1
+        td["ran_on"] = torch.full(obs.shape[:-1], where, dtype=torch.int64, device=obs.device)
         return td
 
 

@@ -27,7 +27,7 @@ ray = pytest.importorskip("ray")
 from _node_envs import check_a_close_failure_on_a_node, check_envs_on_nodes  # noqa: E402
 from _ray_procs import local_ray, no_leaks  # noqa: E402, F401  (the module's Ray and its leak check)
 from _rendezvous import MeetingCountingEnv, met  # noqa: E402
-from _weight_policies import check_updates_back_to_back  # noqa: E402
+from _weight_policies import DeviceEcho, check_updates_back_to_back  # noqa: E402
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 
@@ -113,6 +113,43 @@ async def test_updates_back_to_back_reach_every_actor_whole_and_named() -> None:
     # An actor's host queues each update's weights as they arrive, ahead of the command it
     # handles (the RPC node's code): it must load and name the newest whole version.
     await check_updates_back_to_back(RayCollector, counting, **kw())
+
+
+# On the host too (AIOCOLLECT_TEST_DEVICE=cpu, as .ci/run does), so that it never rots.
+DEVICE = torch.device(os.environ.get("AIOCOLLECT_TEST_DEVICE", "cuda"))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(DEVICE.type == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA device")
+async def test_actors_sharing_a_gpu_act_on_it_and_load_updates_from_a_host_policy() -> None:
+    # Half a GPU per actor: Ray shows each actor the GPU it gave it, "cuda" is that one. The
+    # trainer's policy, its weights and the batches stay on the host.
+    on_gpu = DEVICE.type == "cuda"
+    trainer = DeviceEcho(1.0)
+    actor = {**ACTOR, "num_gpus": 0.5 if on_gpu else 0}
+    updated, new_workers, batches = False, set(), 0
+    with anyio.fail_after(150):
+        async with RayCollector(
+            [counting] * 2, trainer, frames_per_batch=20, total_frames=-1, sync=True, policy_device=DEVICE,
+            remote_configs=actor, shutdown_timeout=5.0,
+        ) as c:  # fmt: skip
+            async for b in c:
+                batches += 1
+                assert all(v.device.type == "cpu" for v in b.values(include_nested=True, leaves_only=True))
+                assert (b["ran_on"] == (0 if on_gpu else -1)).all(), "every action came from the actor's device"
+                new = b[VERSION] >= 1
+                sign = torch.where(new, -1.0, 1.0)
+                assert torch.equal(b["action"], ((b["observation"].sum(-1) * sign) > 0).long()), "the weights named"
+                new_workers |= set(b[WORKER_ID][new].tolist())
+                if not updated:
+                    with torch.no_grad():
+                        trainer.weight.fill_(-1.0)
+                    await c.update_policy_weights_()
+                    updated = True
+                if new_workers == {0, 1} or batches == 40:
+                    break
+    assert new_workers == {0, 1}, "both actors collected with the update"
+    assert next(trainer.parameters()).device.type == "cpu", "the trainer's policy stays where it was"
 
 
 @pytest.mark.parametrize("anyio_backend", ["trio"], indirect=True)

@@ -22,5 +22,22 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
     trio outcome sniffio anyio==4.16.0 \
     pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 pytest-asyncio==1.5.0 pytest-timeout==2.4.0 \
     py-spy==0.4.3
+# WITH_RAY=1: Ray too, for its GPU test (tests/distributed/test_ray.py, marked cuda). Its wheel
+# (79 MB) is over what a device call carries (64 MiB), so it travels slimmed and packed: no
+# Java jars, no RLlib/Data/Serve/Train/Tune/LLM, no dashboard web build (aiocollect's Ray tests
+# pass without them: checked with the cp311 build of the same version), xz'd to about 20 MB;
+# check.sh unpacks it into its site folder. Ray's own needs the image lacks: jsonschema's.
+if [[ "${WITH_RAY:-0}" == 1 ]]; then
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        "${PLATFORMS[@]}" -d .whl \
+        jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1
+    tmp=$(mktemp -d)
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        "${PLATFORMS[@]}" -d "$tmp" ray==2.60.0
+    (cd "$tmp" && unzip -q ray-*.whl && rm ray-*.whl \
+        && rm -rf ray/jars ray/rllib ray/data ray/serve ray/train ray/tune ray/llm ray/dashboard/client/build \
+        && tar cf - ray ray-*.dist-info | xz -9 -T0 > ray-slim.tar.xz)  # unzip keeps the binaries' modes
+    mv "$tmp/ray-slim.tar.xz" .whl/ && rm -rf "$tmp"
+fi
 du -sh .whl
 ls .whl
