@@ -9,6 +9,8 @@ heartbeat task runs on the same event loop the whole time. Per row it reports:
 
 * **close ms**: from ``break`` to ``async with`` returning (every node stopped and reaped,
   everything freed) and **gone ms**: to every node process having exited;
+* **trainer CPU ms in close**: the trainer process's CPU time (all its threads) over the close:
+  what it does once per node runs one node after another, whatever the number of cores;
 * **first batch s**: from the constructor to the first batch (the nodes' start);
 * **node MB (own)**: the median node process's memory that it shares with no other process
   (USS; a node forked from a fork server shares what the server imported);
@@ -84,8 +86,8 @@ async def _measure(cfg: dict[str, Any]) -> dict[str, Any]:
                 if i == warm + n:
                     cpu1 = me.cpu_times()
                     break
-            t_break = time.perf_counter()
-        t_closed = time.perf_counter()
+            t_break, close_cpu0 = time.perf_counter(), time.process_time()  # ns, not /proc's 10 ms ticks
+        t_closed, close_cpu = time.perf_counter(), time.process_time() - close_cpu0
         hb.stop()
     left = [p for p in nodes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     deadline = t_closed + 30.0
@@ -101,6 +103,8 @@ async def _measure(cfg: dict[str, Any]) -> dict[str, Any]:
         gone_s=t_gone - t_break if not left else None,
         left_alive=[p.pid for p in left],
         cpu_ms_per_node_batch=cpu / (n * cfg["nodes"]) * 1e3,
+        # The trainer's own share of a close: what it does once per node runs one node after another.
+        close_cpu_ms=close_cpu * 1e3,
         steady_fps=n * cfg["nodes"] * NODE_FPB / (t_break - t_steady),
         hb_steady=h.gap_summary(steady),
         hb_close=h.gap_summary(closing),
@@ -142,6 +146,7 @@ COLUMNS = [
     Col("close ms", lambda r: h.fmt_n(r["close_s"] * 1e3)),
     Col("x 2 nodes", h.ratio("close_vs_2")),
     Col("gone ms", lambda r: h.fmt_n((r["gone_s"] or h.NAN) * 1e3)),
+    Col("trainer CPU ms in close", lambda r: h.fmt_n(r["close_cpu_ms"], 1)),
     Col("first batch s", lambda r: h.fmt_n(r["first_s"], 2)),
     Col("node MB (own)", lambda r: h.fmt_n(r["node_mb"] if r["node_mb"] is not None else h.NAN)),
     Col("trainer CPU ms / node-batch", lambda r: h.fmt_n(r["cpu_ms_per_node_batch"], 2)),
@@ -189,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                 "nodes": n,
                 "close_s": h.median(r["close_s"] for r in ok),
                 "gone_s": h.median(r["gone_s"] for r in ok) if all(r["gone_s"] is not None for r in ok) else None,
-                **h.medians(ok, ("cpu_ms_per_node_batch", "steady_fps", "first_s")),
+                **h.medians(ok, ("cpu_ms_per_node_batch", "steady_fps", "first_s", "close_cpu_ms")),
                 "node_mb": h.median(r["node_mb"] for r in ok) if all(r.get("node_mb") for r in ok) else None,
                 "hb_steady_p99": h.median(r["hb_steady"]["p99_ms"] for r in ok),
                 "hb_close_p99": h.median(r["hb_close"]["p99_ms"] for r in ok),
