@@ -34,6 +34,7 @@ import torch
 
 from .._core._errors import WorkerCrashedError, worker_error_from_message
 from .._core._notify import Notifier
+from ._distributed_close import close_nodes
 from ._distributed_node import control_key, node_main, torchrun_store_port
 from ._distributed_options import check_options, local_node_gpu
 from ._launch_ray import check_ray_node_count
@@ -362,21 +363,7 @@ class DistributedTransport(Transport):
             sock.close()
 
     async def stop(self, w: int, timeout: float) -> None:
-        node, rank = self._nodes[w], w + 1
-        if node.sock is None and node.reader is None:
-            return
-        self.send(w, Close())
-        reader = node.reader
-        with anyio.move_on_after(timeout):
-            # The node closes its connection when it has finished: the reader then ends.
-            await self._notifier.wait_until(lambda: node.gone or reader is None)
-        await self._reap(rank, 1.0 if reader is None or not reader.is_alive() else 0.1)
-        with self._notifier.lock:
-            self._keep_close_failure(w, self.pid(w), list(node.events))
-        self._disconnect(node)
-        if reader is not None and reader.is_alive():  # it ends right after seeing end of file
-            await anyio.to_thread.run_sync(reader.join, timeout)
-        self._forget(node)
+        await close_nodes(self, [w], timeout)
 
     def _forget(self, node: _Node) -> None:
         if node.reader is not None and node.reader.is_alive():
@@ -391,6 +378,12 @@ class DistributedTransport(Transport):
     def stop_nowait(self) -> None:
         for w in range(self.num_workers):
             self._send_record(w, Stop())
+
+    async def aclose(self, timeout: float) -> None:
+        self.stop_nowait()
+        with anyio.move_on_after(timeout * 3):
+            await close_nodes(self, range(self.num_workers), timeout)  # one task for all nodes, not one each
+        self.close_now()
 
     def close_now(self) -> None:
         if self._closed:
