@@ -45,11 +45,9 @@ def test_returns_once_every_descriptor_is_readable_without_waiting_for_deadlines
     far = time.monotonic() + 300
     os.write(w1, b"x")
     os.write(w2, b"x")
-    start = time.monotonic()
     waiter = run_in_thread(lambda: _wait_ended({r1: far, r2: far}))
     waiter.join(30)
-    assert not waiter.is_alive(), "both were readable: it should have returned"
-    assert time.monotonic() - start < 30
+    assert not waiter.is_alive(), "both were readable: it should have returned, long before their deadlines"
 
 
 def test_a_descriptor_past_its_deadline_is_given_up_and_the_others_still_waited_for(pipes) -> None:
