@@ -15,7 +15,6 @@ import os
 import secrets
 import socket
 from collections.abc import Callable, Mapping
-from contextlib import nullcontext
 from typing import Any
 
 from ._ports import held_port
@@ -76,7 +75,7 @@ def delayed_main(
     addr = os.environ.get("MASTER_ADDR") or ("127.0.0.1" if local else socket.gethostbyname(socket.gethostname()))
     # Chosen where the trainer runs, so it is free there, and held until main's collector
     # listens on it: the node jobs connect there, whenever main gets to its collector.
-    with nullcontext(context["port"]) if context["port"] else held_port(addr) as port:
+    with held_port(addr, context["port"]) as port:
         ctx = {**context, "addr": addr, "port": port, "session": secrets.token_hex(4)}
         tmp = f"{rendezvous}.tmp"
         with open(tmp, "w") as f:

@@ -19,8 +19,14 @@ __all__ = ["held_port"]
 
 
 @contextmanager
-def held_port(addr: str) -> Iterator[int]:
-    """A port free on every local address of ``addr``'s family, kept from others while open."""
+def held_port(addr: str, chosen: int | None = None) -> Iterator[int]:
+    """A port free on every local address of ``addr``'s family, kept from others while open.
+
+    ``chosen``: a port the user gave (``tcp_port``), yielded as it is: theirs to keep free.
+    """
+    if chosen:
+        yield chosen
+        return
     family = socket.AF_INET6 if ":" in addr else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -17,7 +17,6 @@ import multiprocessing.connection
 import secrets
 import threading
 from collections.abc import Mapping
-from contextlib import nullcontext
 from typing import Any
 
 from ._distributed_options import check_main_and_times, check_port, master_addr
@@ -126,7 +125,7 @@ class RpcTransport(RemoteTransport):
                 "rpc.init_rpc): torch allows one RPC group per process; close the other one first"
             )
         opts = self.options
-        with nullcontext(opts["tcp_port"]) if opts["tcp_port"] else held_port(opts["master_addr"]) as port:
+        with held_port(opts["master_addr"], opts["tcp_port"]) as port:
             self._open_group(port)  # the port stays ours until the group's store listens there
 
     def _open_group(self, port: int) -> None:
