@@ -261,14 +261,11 @@ def _time_ways(rollout: Any, dev: str, repeats: int) -> tuple[float, dict[str, l
     ways = {"aiocollect write-out": lambda: rollout._write_out(out, rollout.T), "strided copy_": strided,
             "plain to(non_blocking)": plain}  # fmt: skip
     times: dict[str, list[float]] = {name: [] for name in ways}
-    for i in range(repeats + 3):
-        for name, fn in ways.items():
-            sync()
-            t = time.perf_counter()
-            fn()
-            sync()
-            if i >= 3:  # the first rounds warm the allocators up
-                times[name].append(time.perf_counter() - t)
+    for i, name in h.round_robin(list(ways), repeats + 3):
+        sync()
+        took = h.timed(lambda: (ways[name](), sync()))  # noqa: B023 (called at once)
+        if i >= 3:  # the first rounds warm the allocators up
+            times[name].append(took)
     return sum(v.numel() * v.element_size() for _, v in kept) / 2**20, times
 
 
