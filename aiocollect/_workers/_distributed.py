@@ -176,7 +176,7 @@ class DistributedTransport(Transport):
                 # Two nodes joined as one rank before it started: the newest wins (a restarted
                 # node replaces a stale one), and the other is told why it has to go.
                 self._turn_away(old[0], f"RANK={hello.rank} was taken by a newer node, {self._who(hello)}")
-            self._notifier.notify_all()
+            self._notifier.notify(hello.rank - 1)  # wakes that node's start, not every node's
 
     def _refusal(self, hello: Hello) -> str | None:
         """Why a node with a valid token cannot join (a misconfigured external node), or None."""
@@ -227,7 +227,7 @@ class DistributedTransport(Transport):
                     tg.cancel_scope.cancel()
 
                 tg.start_soon(watch)
-                await self._notifier.wait_until(lambda: rank in self._joined)
+                await self._notifier.wait_until(lambda: rank in self._joined, key=w)
                 tg.cancel_scope.cancel()
         if dead and rank not in self._joined:
             await anyio.to_thread.run_sync(launcher.reap, rank, 1.0)
@@ -275,7 +275,7 @@ class DistributedTransport(Transport):
         # holds the trainer's start-up forever.
         with anyio.move_on_at(deadline):
             while True:
-                await self._notifier.wait_until(lambda: bool(node.events))
+                await self._notifier.wait_until(lambda: bool(node.events), key=w)
                 with self._notifier.lock:
                     event = node.events.popleft()
                 if isinstance(event, Ready):
@@ -313,10 +313,10 @@ class DistributedTransport(Transport):
                 elif isinstance(msg, BatchReady) and msg.payload is None:
                     # The node sends the batch right after this record: the receive is short.
                     pg.recv([node.flats[msg.slot]], 1, DATA_TAG).wait(timedelta(seconds=setup.timeout))
-                self._push(node, msg)
+                self._push(w, node, msg)
         except Exception:  # end of file, a reset connection or a failed receive: the node is gone
             node.gone = True
-            self._push(node, Exited(None))
+            self._push(w, node, Exited(None))
 
     def _gloo_device(self, host: str) -> Any:
         with self._gloo_lock:
@@ -324,10 +324,10 @@ class DistributedTransport(Transport):
                 self._gloo = gloo_device(host)
             return self._gloo
 
-    def _push(self, node: _Node, event: Event) -> None:
+    def _push(self, w: int, node: _Node, event: Event) -> None:
         with self._notifier.lock:
             node.events.append(event)
-        self._notifier.notify_all()
+        self._notifier.notify(w)
 
     async def _exitcode(self, w: int) -> int | None:
         await self._reap(w + 1, 5.0)

@@ -143,7 +143,7 @@ class RemoteTransport(Transport):
         self._poll(w, node.gen)
         with anyio.move_on_at(deadline):
             while True:
-                await self._notifier.wait_until(lambda: bool(node.events))
+                await self._notifier.wait_until(lambda: bool(node.events), key=w)
                 with self._notifier.lock:
                     event = node.events.popleft()
                 if isinstance(event, Ready):
@@ -191,7 +191,7 @@ class RemoteTransport(Transport):
     def _push(self, w: int, events: list[Event]) -> None:
         with self._notifier.lock:
             self._nodes[w].events.extend(events)
-        self._notifier.notify_all()
+        self._notifier.notify(w)
 
     async def stop(self, w: int, timeout: float) -> None:
         node = self._nodes[w]
@@ -199,7 +199,7 @@ class RemoteTransport(Transport):
             return
         self.send(w, Close())
         with anyio.move_on_after(timeout):
-            await self._notifier.wait_until(lambda: node.gone)
+            await self._notifier.wait_until(lambda: node.gone, key=w)
         pid = self.pid(w)
         handle, node.handle = node.handle, None
         node.gen += 1
