@@ -11,6 +11,8 @@ heartbeat task runs on the same event loop the whole time. Per row it reports:
   everything freed) and **gone ms**: to every node process having exited;
 * **trainer CPU ms in close**: the trainer process's CPU time (all its threads) over the close:
   what it does once per node runs one node after another, whatever the number of cores;
+  **of which loop thread**: the event loop's thread alone, the heartbeat's wake-ups included
+  (the rest is the nodes' reader threads and gloo's, which end with the nodes);
 * **first batch s**: from the constructor to the first batch (the nodes' start);
 * **node MB (own)**: the median node process's memory that it shares with no other process
   (USS; a node forked from a fork server shares what the server imported);
@@ -46,6 +48,7 @@ from _harness import Col, log
 
 NODE_FPB = 200
 TARGET_16_OVER_2 = 1.5
+MEDIAN_KEYS = ("cpu_ms_per_node_batch", "steady_fps", "first_s", "close_cpu_ms", "close_loop_cpu_ms")
 
 
 def _make(cfg: dict[str, Any], policy: Any) -> Any:
@@ -86,8 +89,10 @@ async def _measure(cfg: dict[str, Any]) -> dict[str, Any]:
                 if i == warm + n:
                     cpu1 = me.cpu_times()
                     break
-            t_break, close_cpu0 = time.perf_counter(), time.process_time()  # ns, not /proc's 10 ms ticks
+            # ns clocks, not /proc's 10 ms ticks; the close runs on this thread (the event loop)
+            t_break, close_cpu0, loop_cpu0 = time.perf_counter(), time.process_time(), time.thread_time()
         t_closed, close_cpu = time.perf_counter(), time.process_time() - close_cpu0
+        loop_cpu = time.thread_time() - loop_cpu0
         hb.stop()
     left = [p for p in nodes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     deadline = t_closed + 30.0
@@ -105,6 +110,7 @@ async def _measure(cfg: dict[str, Any]) -> dict[str, Any]:
         cpu_ms_per_node_batch=cpu / (n * cfg["nodes"]) * 1e3,
         # The trainer's own share of a close: what it does once per node runs one node after another.
         close_cpu_ms=close_cpu * 1e3,
+        close_loop_cpu_ms=loop_cpu * 1e3,  # of which the event loop's thread
         steady_fps=n * cfg["nodes"] * NODE_FPB / (t_break - t_steady),
         hb_steady=h.gap_summary(steady),
         hb_close=h.gap_summary(closing),
@@ -147,6 +153,7 @@ COLUMNS = [
     Col("x 2 nodes", h.ratio("close_vs_2")),
     Col("gone ms", lambda r: h.fmt_n((r["gone_s"] or h.NAN) * 1e3)),
     Col("trainer CPU ms in close", lambda r: h.fmt_n(r["close_cpu_ms"], 1)),
+    Col("of which loop thread", lambda r: h.fmt_n(r["close_loop_cpu_ms"], 1)),
     Col("first batch s", lambda r: h.fmt_n(r["first_s"], 2)),
     Col("node MB (own)", lambda r: h.fmt_n(r["node_mb"] if r["node_mb"] is not None else h.NAN)),
     Col("trainer CPU ms / node-batch", lambda r: h.fmt_n(r["cpu_ms_per_node_batch"], 2)),
@@ -194,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                 "nodes": n,
                 "close_s": h.median(r["close_s"] for r in ok),
                 "gone_s": h.median(r["gone_s"] for r in ok) if all(r["gone_s"] is not None for r in ok) else None,
-                **h.medians(ok, ("cpu_ms_per_node_batch", "steady_fps", "first_s", "close_cpu_ms")),
+                **h.medians(ok, MEDIAN_KEYS),
                 "node_mb": h.median(r["node_mb"] for r in ok) if all(r.get("node_mb") for r in ok) else None,
                 "hb_steady_p99": h.median(r["hb_steady"]["p99_ms"] for r in ok),
                 "hb_close_p99": h.median(r["hb_close"]["p99_ms"] for r in ok),
