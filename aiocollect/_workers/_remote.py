@@ -208,7 +208,7 @@ class RemoteTransport(Transport):
         with self._notifier.lock:
             self._keep_close_failure(w, pid, list(node.events))
             node.events = deque()
-        self._notifier.notify_all()
+        self._notifier.notify(w)  # not notify_all: the other nodes' stops still wait on theirs
 
     async def aclose(self, timeout: float) -> None:
         self.stop_nowait()

@@ -11,12 +11,14 @@ from pathlib import Path
 import anyio
 import pytest
 import torch
+from _counting_notifier import CountingNotifier
 from _node_envs import check_a_close_failure_on_a_node, check_envs_on_nodes
 from _rendezvous import MeetingCountingEnv, met
 from _weight_policies import check_updates_back_to_back
 from tensordict.nn import TensorDictModule
 
 from aiocollect import RPCCollector, WorkerCrashedError, WorkerError
+from aiocollect._workers import _remote
 from aiocollect.testing import CountingEnv, FailingEnv, ScriptedPolicy
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
@@ -53,6 +55,20 @@ def tensorpipe_process_state() -> None:
 
     for _ in range(2):
         anyio.run(one)
+
+
+async def test_a_nodes_start_and_stop_are_not_woken_by_the_other_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One task per node waits for its node to be ready, and (at close) to be gone: each must be
+    # woken by its own node's events only (see test_node_waits.py).
+    monkeypatch.setattr(_remote, "Notifier", CountingNotifier)
+    monkeypatch.setattr(CountingNotifier, "waits", [])
+    nodes = 3
+    with anyio.fail_after(60):
+        async with RPCCollector([counting] * nodes, frames_per_batch=7 * nodes, total_frames=14 * nodes, **kw()) as c:
+            assert len([b async for b in c]) == 2
+    waits = CountingNotifier.waits
+    assert sorted(key for key, _, _ in waits) == sorted(list(range(nodes)) * 2), waits  # ready, then gone
+    assert CountingNotifier.woken_by_others() == [], waits
 
 
 @pytest.mark.parametrize(
