@@ -146,12 +146,28 @@ def _threads() -> frozenset[threading.Thread]:
     return frozenset(t for t in threading.enumerate() if t.is_alive())
 
 
+def _started(proc: psutil.Process) -> float:
+    """When ``proc`` started, as a key that never moves: clock ticks since boot, where /proc has them.
+
+    psutil's ``create_time()`` adds the boot time, which Linux recomputes from the wall clock
+    at every read of /proc/stat: while the clock is slewed it steps by a second now and then,
+    and every process then looks new. (One CI run's `run_script` took the test process's own
+    fork server and resource tracker for the script's survivors that way, and killed them.)
+    """
+    try:
+        with open(f"/proc/{proc.pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:  # no /proc here, or the process is gone (create_time() then says which)
+        return proc.create_time()
+    return float(stat[stat.rindex(b")") + 2 :].split()[19])
+
+
 def _children_psutil() -> dict[tuple[int, float], str]:
     result: dict[tuple[int, float], str] = {}
     for proc in psutil.Process().children(recursive=True):
         try:
             with proc.oneshot():
-                key = (proc.pid, proc.create_time())
+                key = (proc.pid, _started(proc))
                 status = proc.status()
                 try:
                     cmdline = " ".join(proc.cmdline()) or proc.name()
@@ -475,7 +491,7 @@ def _descendants() -> dict[tuple[int, float], psutil.Process]:
     out = {}
     for p in psutil.Process().children(recursive=True):
         try:
-            out[(p.pid, p.create_time())] = p
+            out[(p.pid, _started(p))] = p
         except psutil.NoSuchProcess:
             pass
     return out

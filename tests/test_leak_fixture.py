@@ -20,8 +20,10 @@ import psutil
 import pytest
 
 try:  # works whether or not tests/ is a package
+    from . import _leaks
     from ._leaks import LeakError, check_no_leaks, find_leaks, take_snapshot, wait_for_no_leaks
 except ImportError:
+    import _leaks  # type: ignore[no-redef]
     from _leaks import LeakError, check_no_leaks, find_leaks, take_snapshot, wait_for_no_leaks
 
 HERE = Path(__file__).resolve().parent
@@ -92,6 +94,24 @@ def test_detects_leaked_child_process() -> None:
         child.kill()
         child.wait(timeout=10)
     check_no_leaks(before, wait_for_no_leaks(before, timeout=5.0))
+
+
+def test_a_child_that_was_there_before_is_not_new_when_the_boot_time_moves(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Linux recomputes /proc/stat's boot time from the wall clock: a slewed clock moves it by a
+    # second now and then. psutil's create_time() moves with it; the leak checks' keys must not,
+    # or a fork server that was there before looks new (and `run_script` killed it once).
+    from psutil import _pslinux
+
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        before, listed = take_snapshot(), _leaks._descendants()
+        booted = _pslinux.boot_time()
+        monkeypatch.setattr(_pslinux, "boot_time", lambda: booted + 1.0)
+        assert find_leaks(before, take_snapshot()) == []
+        assert set(_leaks._descendants()) == set(listed)
+        assert any(pid == child.pid for pid, _ in listed)
+    finally:
+        child.communicate(timeout=10)  # closes its stdin: it ends
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm")
