@@ -70,7 +70,6 @@ class RemoteTransport(Transport):
         self._opened = False
         self._open_error: BaseException | None = None
         self._closed = False
-        self._closing = False  # set by `aclose`: a stopped node will host nothing more
 
     # -- the engine's half -------------------------------------------------------------------
     @abstractmethod
@@ -108,14 +107,6 @@ class RemoteTransport(Transport):
     def _kill(self, w: int, handle: Any) -> None:
         """Stop a hung node now (its pending calls then fail)."""
         self._destroy(w, handle, 0.0)
-
-    def _retire(self, w: int) -> None:
-        """Node ``w`` hosts nothing more (the transport is closing): let its process go now, without waiting."""
-
-    def _end_host(self, w: int, handle: Any, timeout: float, retire: bool) -> None:
-        self._destroy(w, handle, timeout)
-        if retire:
-            self._retire(w)
 
     # -- life --------------------------------------------------------------------------------
     def _ensure_open(self) -> None:
@@ -212,7 +203,7 @@ class RemoteTransport(Transport):
         pid = self.pid(w)
         handle, node.handle = node.handle, None
         node.gen += 1
-        await anyio.to_thread.run_sync(self._end_host, w, handle, 0.0 if node.gone else 1.0, self._closing)
+        await anyio.to_thread.run_sync(self._destroy, w, handle, 0.0 if node.gone else 1.0)
         node.batches, node.progress = {}, None
         with self._notifier.lock:
             self._keep_close_failure(w, pid, list(node.events))
@@ -220,7 +211,6 @@ class RemoteTransport(Transport):
         self._notifier.notify(w)  # not notify_all: the other nodes' stops still wait on theirs
 
     async def aclose(self, timeout: float) -> None:
-        self._closing = True
         self.stop_nowait()
         with anyio.move_on_after(timeout * 3):
             async with anyio.create_task_group() as tg:

@@ -5,9 +5,7 @@ group (TensorPipe, rendezvous at ``master_addr:tcp_port``); then it hosts a `Nod
 each (``_rpc_node.host_create``) and drives it with ``rpc_async`` calls. A call's
 ``torch.futures.Future`` is never waited on: its done-callback runs on an RPC thread, queues
 the result and wakes the event loop (`RemoteTransport`). A node process that dies fails its
-pending calls, and its launcher's sentinel reports it too, whichever comes first. At close,
-a node is told to leave (``node_exit``) as soon as its own host is dropped, so one node slow
-to stop does not keep the others' processes alive.
+pending calls, and its launcher's sentinel reports it too, whichever comes first.
 
 RPC is process-wide in torch: one RPC group per process, so one `RPCCollector` at a time.
 """
@@ -116,7 +114,6 @@ class RpcTransport(RemoteTransport):
         self._launcher: Any = None
         self._rpc_up = False
         self._hosted = [0] * num_workers
-        self._exits: dict[int, Any] = {}  # rank -> its `node_exit` call, once sent
 
     # -- the engine ----------------------------------------------------------------------------
     def _open(self) -> None:
@@ -208,29 +205,18 @@ class RpcTransport(RemoteTransport):
         launcher.reap(w + 1, 5.0)
         return launcher.exitcode(w + 1)
 
-    def _retire(self, w: int) -> None:
-        self._send_exit(w + 1)
-
-    def _send_exit(self, rank: int) -> None:
-        import torch.distributed.rpc as rpc
-
-        if not self._rpc_up or rank in self._exits:
-            return
-        try:
-            self._exits[rank] = rpc.rpc_async(node_name(self._session, rank), node_exit, timeout=2.0)
-        except Exception:  # a dead node: its process is reaped at close
-            self._exits[rank] = None
-
     def _close_engine(self) -> None:
         import torch.distributed.rpc as rpc
 
         if self._rpc_up:
-            for rank in range(1, self.num_workers + 1):
-                self._send_exit(rank)  # those not retired by their stop
             self._rpc_up = False
-            for f in list(self._exits.values()):  # a stop thread may still add one
-                if f is None:
-                    continue
+            exits = []
+            for rank in range(1, self.num_workers + 1):
+                try:
+                    exits.append(rpc.rpc_async(node_name(self._session, rank), node_exit, timeout=2.0))
+                except Exception:  # a dead node: its process is reaped below
+                    pass
+            for f in exits:
                 try:
                     f.wait()
                 except Exception:  # see above
