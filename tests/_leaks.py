@@ -146,6 +146,23 @@ def _threads() -> frozenset[threading.Thread]:
     return frozenset(t for t in threading.enumerate() if t.is_alive())
 
 
+_STATE, _PPID, _STARTTIME = 0, 1, 19  # fields of /proc/<pid>/stat, counted after its comm
+
+
+def _proc_stat(pid: int) -> tuple[str, list[str]] | None:
+    """``(comm, the fields after it)`` from /proc/<pid>/stat; None when it cannot be read.
+
+    comm may contain spaces and parentheses, so the fields start after its last ')'.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    end = stat.rindex(")")
+    return stat[stat.index("(") + 1 : end], stat[end + 2 :].split()
+
+
 def _started(proc: psutil.Process) -> float:
     """When ``proc`` started, as a key that never moves: clock ticks since boot, where /proc has them.
 
@@ -154,12 +171,10 @@ def _started(proc: psutil.Process) -> float:
     and every process then looks new. (One CI run's `run_script` took the test process's own
     fork server and resource tracker for the script's survivors that way, and killed them.)
     """
-    try:
-        with open(f"/proc/{proc.pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:  # no /proc here, or the process is gone (create_time() then says which)
+    stat = _proc_stat(proc.pid)
+    if stat is None:  # no /proc here, or the process is gone (create_time() then says which)
         return proc.create_time()
-    return float(stat[stat.rindex(b")") + 2 :].split()[19])
+    return float(stat[1][_STARTTIME])
 
 
 def _children_psutil() -> dict[tuple[int, float], str]:
@@ -187,17 +202,16 @@ def _children_proc() -> dict[tuple[int, float], str]:
         if not entry.isdigit():
             continue
         pid = int(entry)
+        stat = _proc_stat(pid)
         try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                stat = f.read().decode(errors="replace")
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmdline = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
         except OSError:
             continue
-        # comm may contain spaces and parentheses: split after the last ')'
-        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-        rest = stat[stat.rindex(")") + 2 :].split()
-        state, ppid, starttime = rest[0], int(rest[1]), float(rest[19])
+        if stat is None:
+            continue
+        comm, rest = stat
+        state, ppid, starttime = rest[_STATE], int(rest[_PPID]), float(rest[_STARTTIME])
         parents.setdefault(ppid, []).append(pid)
         info[pid] = (starttime, f"{cmdline or comm} [{state}]")
     result: dict[tuple[int, float], str] = {}
@@ -233,12 +247,8 @@ def _named_pid(name: str) -> int | None:
 
 
 def _pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rindex(b")") + 2 :][:1] not in (b"Z", b"X")  # a zombie holds nothing any more
+    stat = _proc_stat(pid)
+    return stat is not None and stat[1][_STATE] not in ("Z", "X")  # a zombie holds nothing any more
 
 
 def _shm_holders(inodes: dict[tuple[int, int], str], tree: frozenset[int]) -> dict[str, set[int]]:
