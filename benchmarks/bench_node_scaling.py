@@ -15,11 +15,20 @@ heartbeat task runs on the same event loop the whole time. Per row it reports:
   (the rest is the nodes' reader threads and gloo's, which end with the nodes);
 * **first batch s**: from the constructor to the first batch (the nodes' start);
 * **node MB (own)**: the median node process's memory that it shares with no other process
-  (USS; a node forked from a fork server shares what the server imported);
+  (USS; a node forked from a fork server shares what the server imported), and **with its
+  processes**: the same summed over the node and every process it started (its fork server
+  and workers in the multi rows);
 * **CPU ms / node-batch**: the trainer process's CPU time over the timed window per node batch
   it received (what each node costs the trainer);
 * **heartbeat p99 / max**: how late the trainer's event loop ran a 1 ms sleeper while
   collecting, and (separately) while closing.
+
+The "MultiSyncCollector x2 per node" rows run each node's collector with two worker processes
+and the policy as a `TensorDictModule`. The node forks its workers from a fork server of its
+own, which it forks from itself at its start after importing what it runs (as shipped), or,
+in the "exec'd" rows, which multiprocessing starts as a new interpreter that imports torch and
+the worker loop again (as before; the child process patches the distributed config back to
+that). Their "first batch s" and "with its processes" say what the nodes' servers cost.
 
 The last rows run the same engine with ``MultiSyncCollector(backend="inline")`` (each worker a
 thread of the trainer process), up to 64 workers: the engine's own per-node cost without
@@ -31,6 +40,7 @@ Usage::
     python benchmarks/bench_node_scaling.py            # 2, 4, 8, 16 nodes; inline 2, 16, 64
     python benchmarks/bench_node_scaling.py --quick    # 2 and 8 nodes; inline 2 and 16
     python benchmarks/bench_node_scaling.py --nodes 2 16 --repeats 5
+    python benchmarks/bench_node_scaling.py --nodes 2 --inline --multi 1 2 4 8    # nodes' fork servers
 """
 
 from __future__ import annotations
@@ -47,6 +57,13 @@ import _workloads as wl
 from _harness import Col, log
 
 NODE_FPB = 200
+MULTI_WORKERS = 2  # worker processes per node in the multi rows
+LABELS = {
+    "distributed": "DistributedCollector (mp)",
+    "multi": f"DistributedCollector (mp), MultiSyncCollector x{MULTI_WORKERS} per node",
+    "multi-exec": f"DistributedCollector (mp), MultiSyncCollector x{MULTI_WORKERS} per node, node fork server exec'd",
+    "inline": "MultiSyncCollector (inline)",
+}
 TARGET_16_OVER_2 = 1.5
 MEDIAN_KEYS = ("cpu_ms_per_node_batch", "steady_fps", "first_s", "close_cpu_ms", "close_loop_cpu_ms")
 
@@ -58,9 +75,21 @@ def _make(cfg: dict[str, Any], policy: Any) -> Any:
     envs = [functools.partial(wl.make_env, "CartPole-v1")] * n
     if cfg["kind"] == "inline":
         return aiocollect.MultiSyncCollector(envs, policy, frames_per_batch=fpb, total_frames=-1, backend="inline")
+    if cfg["kind"] == "multi-exec":
+        # The path before nodes forked their own fork server: each node's server a new
+        # interpreter that imports torch and the worker loop again.
+        from aiocollect._dist import _config
+
+        _config._forks_workers = lambda kwargs: False
+    multi = cfg["kind"] != "distributed"
+    if multi:  # as TorchRL users write it; its workers then need tensordict too
+        from tensordict.nn import TensorDictModule
+
+        policy = TensorDictModule(policy, ["observation"], ["action"])
     return aiocollect.DistributedCollector(
         envs, policy, sync=True, frames_per_batch=fpb, total_frames=-1, launcher="mp", backend="gloo",
-        collector_class=aiocollect.Collector,
+        collector_class=aiocollect.MultiSyncCollector if multi else aiocollect.Collector,
+        num_workers_per_collector=MULTI_WORKERS if multi else 1,
     )  # fmt: skip
 
 
@@ -83,8 +112,11 @@ async def _measure(cfg: dict[str, Any]) -> dict[str, Any]:
                 if i == 1:
                     out["first_s"] = time.perf_counter() - t0
                 if i == warm:
-                    nodes = h.child_processes()[0] if cfg["kind"] != "inline" else []
+                    # The node processes themselves (in the multi rows, their servers and
+                    # workers are descendants too).
+                    nodes = [psutil.Process(int(pid)) for pid in c._worker_pids()] if cfg["kind"] != "inline" else []
                     out["node_mb"] = _median_uss_mb(nodes)
+                    out["tree_mb"] = _median_uss_mb(nodes, with_descendants=True)
                     cpu0, t_steady = me.cpu_times(), time.perf_counter()
                 if i == warm + n:
                     cpu1 = me.cpu_times()
@@ -118,14 +150,18 @@ async def _measure(cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _median_uss_mb(procs: list[Any]) -> float | None:
-    """The median node's own memory (USS: pages no other process shares), in MB."""
+def _median_uss_mb(procs: list[Any], with_descendants: bool = False) -> float | None:
+    """The median node's own memory (USS: pages no other process shares), in MB.
+
+    ``with_descendants``: each node's with that of its processes (its fork server, workers).
+    """
     import psutil
 
     sizes = []
     for p in procs:
         try:
-            sizes.append(p.memory_full_info().uss / 2**20)
+            tree = [p, *p.children(recursive=True)] if with_descendants else [p]
+            sizes.append(sum(q.memory_full_info().uss for q in tree) / 2**20)
         except psutil.Error:
             pass
     return h.median(sizes) if sizes else None
@@ -156,6 +192,7 @@ COLUMNS = [
     Col("of which loop thread", lambda r: h.fmt_n(r["close_loop_cpu_ms"], 1)),
     Col("first batch s", lambda r: h.fmt_n(r["first_s"], 2)),
     Col("node MB (own)", lambda r: h.fmt_n(r["node_mb"] if r["node_mb"] is not None else h.NAN)),
+    Col("with its processes", lambda r: h.fmt_n(r["tree_mb"] if r["tree_mb"] is not None else h.NAN)),
     Col("trainer CPU ms / node-batch", lambda r: h.fmt_n(r["cpu_ms_per_node_batch"], 2)),
     Col("frames/s", lambda r: h.fmt_n(r["steady_fps"])),
     Col("heartbeat p99 ms (collecting)", lambda r: h.fmt_n(r["hb_steady_p99"], 1)),
@@ -167,10 +204,19 @@ def main(argv: list[str] | None = None) -> int:
     ap = h.parser(__doc__, quick="2 and 8 nodes, inline 2 and 16, one repeat", repeats="fresh processes per row")
     ap.add_argument("--nodes", type=int, nargs="+", help="distributed node counts (default 2 4 8 16)")
     ap.add_argument("--inline", type=int, nargs="*", help="inline worker counts (default 2 16 64)")
+    ap.add_argument(
+        "--multi",
+        type=int,
+        nargs="*",
+        help=f"node counts for nodes running MultiSyncCollector x{MULTI_WORKERS}, each node's fork server forked "
+        "from it (as shipped) and started as a new interpreter (as before), side by side (default 2 4; none "
+        "with --quick)",
+    )
     args = ap.parse_args(argv)
     repeats = args.repeats or (1 if args.quick else 3)
     nodes = args.nodes or ([2, 8] if args.quick else [2, 4, 8, 16])
     inline = args.inline if args.inline is not None else ([2, 16] if args.quick else [2, 16, 64])
+    multi = args.multi if args.multi is not None else ([] if args.quick else [2, 4])
     import aiocollect
 
     run = h.Session("torch", "gymnasium", "anyio", aiocollect=aiocollect.__version__)
@@ -179,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         f"backend='gloo'), {NODE_FPB} CartPole frames per node and batch; MultiSyncCollector(backend='inline')",
         sys.executable,
     )
-    plan = [("distributed", n) for n in nodes] + [("inline", n) for n in inline]
+    plan = [("distributed", n) for n in nodes] + [(k, n) for n in multi for k in ("multi", "multi-exec")]
+    plan += [("inline", n) for n in inline]
 
     def config(p: tuple[str, int], _rep: int) -> dict[str, Any]:
         return {"kind": p[0], "nodes": p[1], "warm": 2, "batches": 3 if args.quick else 6}
@@ -197,12 +244,13 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(
             {
                 "kind": kind,
-                "label": "DistributedCollector (mp)" if kind == "distributed" else "MultiSyncCollector (inline)",
+                "label": LABELS[kind],
                 "nodes": n,
                 "close_s": h.median(r["close_s"] for r in ok),
                 "gone_s": h.median(r["gone_s"] for r in ok) if all(r["gone_s"] is not None for r in ok) else None,
                 **h.medians(ok, MEDIAN_KEYS),
                 "node_mb": h.median(r["node_mb"] for r in ok) if all(r.get("node_mb") for r in ok) else None,
+                "tree_mb": h.median(r["tree_mb"] for r in ok) if all(r.get("tree_mb") for r in ok) else None,
                 "hb_steady_p99": h.median(r["hb_steady"]["p99_ms"] for r in ok),
                 "hb_close_p99": h.median(r["hb_close"]["p99_ms"] for r in ok),
                 "hb_close_max": max(r["hb_close"]["max_ms"] for r in ok),

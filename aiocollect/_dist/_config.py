@@ -160,7 +160,11 @@ def resolve_dist_config(
         start_method=None, backend=transport, create_env_kwargs=None, init_random_frames=None, **common, **engine,
     )  # fmt: skip
     options = get_transport(transport).check_options(
-        {**transport_options, "worker_main": "aiocollect._dist._node:run_node"}
+        {
+            **transport_options,
+            "worker_main": "aiocollect._dist._node:run_node",
+            "fork_server_in_nodes": cls.__name__ != "Collector" and any(map(_forks_workers, kwargs_list)),
+        }
     )
     if options.get("node_hosts") is not None and len(options["node_hosts"]) != n:
         raise ValueError(f"node_hosts lists {len(options['node_hosts'])} addresses for {n} nodes; give one per node")
@@ -182,3 +186,18 @@ def resolve_dist_config(
         update_after_each_batch=update_after_each_batch, max_weight_update_interval=mwi,
         update_interval=update_interval,
     )  # fmt: skip
+
+
+def _forks_workers(kwargs: dict[str, Any]) -> bool:
+    """Whether a node's multi-process collector, given ``kwargs``, forks its workers from a fork server.
+
+    Such a node forks that server from itself at its start (`fork_forkserver`), saving the new
+    interpreter's imports. A wrong backend or start method is the node's collector's to report.
+    """
+    from .._workers import get_transport
+
+    try:
+        transport = get_transport(kwargs.get("backend", "subprocess"))  # the multi collectors' default
+        return transport.forks_from_server(transport.check_options({"start_method": kwargs.get("start_method")}))
+    except (LookupError, TypeError, ValueError, RuntimeError):
+        return False

@@ -25,6 +25,7 @@ OPTIONS = {
     "node_hosts": None, "slurm_kwargs": None, "submitit_folder": "aiocollect_submitit", "worker_main": _DEFAULT_MAIN,
     "join_timeout": 300.0, "beat_interval": 0.5, "ray_init_config": None, "remote_configs": None,
     "delayed": None,  # set from the environment with launcher="submitit_delayed"
+    "fork_server_in_nodes": False,  # set by the distributed collectors (see fork_forkserver)
 }  # fmt: skip
 
 

@@ -73,10 +73,18 @@ class Launcher:
 class MpLauncher(Launcher):
     """Local processes, from the fork server (like subprocess workers) or spawned."""
 
-    def __init__(self, start_method: str, main: Callable[..., None] | None = None, preload: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        start_method: str,
+        main: Callable[..., None] | None = None,
+        preload: Sequence[str] = (),
+        fork_server: bool = False,
+    ) -> None:
         from ._prestart import preload_forkserver
 
         self._main = main
+        # What a node imports before it forks its own fork server (None: it forks none).
+        self._server_preload = tuple(preload) if fork_server else None
         # get_context(str) is typed BaseContext, which declares no Process; the start methods
         # the options allow (START_METHODS: "forkserver", "spawn") give one of these two.
         self._ctx = cast("ForkServerContext | SpawnContext", multiprocessing.get_context(start_method))
@@ -96,7 +104,7 @@ class MpLauncher(Launcher):
         alive_r, alive_w = self._ctx.Pipe(duplex=False)
         process = self._ctx.Process(
             target=run_in_environ,
-            args=(dict(os.environ), run_leading_group, alive_r, self._main or node_main, *args),
+            args=(dict(os.environ), run_leading_group, alive_r, self._server_preload, self._main or node_main, *args),
             name=f"aiocollect-node-{rank}",
             daemon=True,
         )  # fmt: skip
@@ -159,15 +167,22 @@ class MpLauncher(Launcher):
             self._release(rank)
 
 
-def run_leading_group(alive: Any, main: Callable[..., None], *args: Any) -> None:
+def run_leading_group(alive: Any, server_preload: Sequence[str] | None, main: Callable[..., None], *args: Any) -> None:
     """Run ``main(*args)`` as the leader of a new process group (a node started by `MpLauncher`).
 
     Its env's processes then share its group, which the launcher kills with it (see
     ``_launch_group``); when ``main`` returns, those still running end with it; and when the
     launching process dies (``alive`` reads EOF), the whole group ends at once, as a subprocess
-    worker's does.
+    worker's does. Unless ``server_preload`` is None, the node first imports those modules and
+    forks its own fork server (for its collector's workers) from itself (`fork_forkserver`).
     """
     leader = lead_new_group()
+    # Now, while this is the only thread (an import of the user's modules that started one
+    # leaves the server to multiprocessing, as before).
+    if server_preload is not None and threading.active_count() == 1:
+        from ._forked_server import fork_forkserver
+
+        fork_forkserver(server_preload)
     watcher = threading.Thread(target=_watch_launcher, args=(alive, leader), name="aiocollect launcher watcher")
     watcher.daemon = True
     watcher.start()

@@ -23,7 +23,7 @@ def make_launcher(
     """
     name = options["launcher"]
     if name == "mp":
-        return MpLauncher(options["start_method"], main, preload)
+        return MpLauncher(options["start_method"], main, preload, options["fork_server_in_nodes"])
     if name == "submitit":
         return SubmititLauncher(options["slurm_kwargs"], options["submitit_folder"], main)
     if name == "ray":

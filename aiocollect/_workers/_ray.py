@@ -32,6 +32,7 @@ _DEFAULT_MAIN = "aiocollect._workers._loop:run_worker"
 OPTIONS = {
     "ray_init_config": None, "remote_configs": None, "worker_main": _DEFAULT_MAIN, "join_timeout": 300.0,
     "beat_interval": 0.5,
+    "fork_server_in_nodes": False,  # set by the distributed collectors; actors never fork (Ray's threads)
 }  # fmt: skip
 # Threads per actor: the long poll, a command, a stop and `info` may all be running at once.
 _CONCURRENCY = 8

@@ -49,6 +49,7 @@ OPTIONS = {
     "submitit_folder": "aiocollect_submitit", "tensorpipe_options": None, "worker_main": _DEFAULT_MAIN,
     "join_timeout": 300.0, "beat_interval": 0.5, "ray_init_config": None, "remote_configs": None,
     "delayed": None,  # set from the environment with launcher="submitit_delayed"
+    "fork_server_in_nodes": False,  # set by the distributed collectors (see fork_forkserver)
 }  # fmt: skip
 LAUNCHERS = ("mp", "submitit", "ray", "submitit_delayed")
 

@@ -92,6 +92,10 @@ class SubprocessTransport(Transport):
             )
         return {"start_method": method}
 
+    @classmethod
+    def forks_from_server(cls, options: Mapping[str, Any]) -> bool:
+        return bool(options["start_method"] == "forkserver")
+
     def __init__(self, num_workers: int, options: dict[str, Any], weights_layout: Any) -> None:
         super().__init__(num_workers, options, weights_layout)
         self._ctx = multiprocessing.get_context(options["start_method"])

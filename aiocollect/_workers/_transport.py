@@ -67,6 +67,15 @@ class Transport(ABC):
             TypeError, ValueError: An option is wrong; the message says which and how to fix it.
         """
 
+    @classmethod
+    def forks_from_server(cls, options: Mapping[str, Any]) -> bool:
+        """Whether workers started with ``options`` (from `check_options`) fork from this process's fork server.
+
+        A distributed node whose collector's workers do forks that server from itself at its
+        start (`fork_forkserver`) instead of paying a new interpreter's imports.
+        """
+        return False
+
     def __init__(self, num_workers: int, options: dict[str, Any], weights_layout: Any) -> None:
         """Prepare (not start) ``num_workers`` workers.
 

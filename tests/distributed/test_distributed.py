@@ -14,6 +14,7 @@ import time
 from functools import partial
 
 import anyio
+import psutil
 import pytest
 import torch
 from _node_envs import check_a_close_failure_on_a_node
@@ -141,6 +142,31 @@ async def test_async_nodes_running_multi_collectors_have_distinct_worker_ids(col
     for t, w in zip(traj.tolist(), workers.tolist(), strict=True):
         owners.setdefault(t, set()).add(w)
     assert all(len(ws) == 1 for ws in owners.values()), "a trajectory id was used by two workers"
+
+
+@pytest.mark.parametrize(("collector_class", "start_method", "forked"), [
+    ("async", None, True), ("single", None, False), ("sync", "spawn", False),
+])  # fmt: skip
+async def test_a_node_forks_its_workers_fork_server_from_itself(
+    collector_class: str, start_method: str | None, forked: bool
+) -> None:
+    # A server forked from the node runs the node's command line; one it started as a new
+    # interpreter (python -c "from multiprocessing.forkserver import main; ...") does not.
+    workers = 1 if collector_class == "single" else 2
+    with anyio.fail_after(90):
+        async with DistributedCollector(
+            [counting] * 2, scripted(), frames_per_batch=16, total_frames=-1, sync=False,
+            collector_class=collector_class, num_workers_per_collector=workers,
+            collector_kwargs=None if start_method is None else {"start_method": start_method}, **kw(),
+        ) as c:  # fmt: skip
+            await c.__anext__()
+            for pid in c._worker_pids():
+                node = psutil.Process(int(pid))
+                children = node.children()
+                servers = [p for p in children if p.cmdline() == node.cmdline()]
+                assert len(servers) == int(forked), [p.cmdline() for p in children]
+                if forked:
+                    assert len(servers[0].children()) == workers, "the node's workers come from its server"
 
 
 async def test_distributed_sync_collector_runs_endlessly_and_stops_fast_on_break() -> None:
