@@ -89,20 +89,13 @@ def _fork_passfds(path: str, args: Sequence[str], passfds: Sequence[int]) -> int
 def _cover_all_but(keep: Sequence[int]) -> None:
     """Point every descriptor but stdio and ``keep`` at /dev/null, as an exec'd server would not have them.
 
-    Covered, not closed: the node's objects that own them (its connections) still name these
-    numbers, and closing one of those later would close whatever reused the number.
+    Covered, not closed (`_cover_fds`): the node's objects that own them (its connections)
+    still name these numbers, and closing one of those later would close whatever reused it.
     """
-    kept = {0, 1, 2, *keep}
-    null = os.open(os.devnull, os.O_RDWR)
-    kept.add(null)
+    from ._subprocess_main import _cover_fds
+
     try:
         fds = [int(fd) for fd in os.listdir("/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd")]
     except OSError:  # pragma: no cover - neither listing exists
         fds = []
-    for fd in fds:
-        if fd not in kept:
-            try:
-                os.dup2(null, fd)
-            except OSError:  # the listing's own descriptor, closed by now
-                pass
-    os.close(null)
+    _cover_fds([fd for fd in fds if fd not in {0, 1, 2, *keep}])
