@@ -163,7 +163,7 @@ def resolve_dist_config(
         {
             **transport_options,
             "worker_main": "aiocollect._dist._node:run_node",
-            "fork_server_in_nodes": cls.__name__ != "Collector" and any(map(_forks_workers, kwargs_list)),
+            "fork_server_in_nodes": any(_forks_workers(cls, d) for d in kwargs_list),
         }
     )
     if options.get("node_hosts") is not None and len(options["node_hosts"]) != n:
@@ -188,16 +188,22 @@ def resolve_dist_config(
     )  # fmt: skip
 
 
-def _forks_workers(kwargs: dict[str, Any]) -> bool:
-    """Whether a node's multi-process collector, given ``kwargs``, forks its workers from a fork server.
+def _forks_workers(cls: type, kwargs: dict[str, Any]) -> bool:
+    """Whether a node's collector ``cls``, given ``kwargs``, forks its workers from a fork server.
 
     Such a node forks that server from itself at its start (`fork_forkserver`), saving the new
-    interpreter's imports. A wrong backend or start method is the node's collector's to report.
+    interpreter's imports. The default backend is read from ``cls``'s own signature, so that it
+    is stated in one place. A wrong backend or start method is the node's collector's to report.
     """
+    import inspect
+
     from .._workers import get_transport
 
+    backend = inspect.signature(cls).parameters.get("backend")
+    if backend is None or backend.default is None:
+        return False  # `Collector` (whose backend only selects another class): no workers of its own
     try:
-        transport = get_transport(kwargs.get("backend", "subprocess"))  # the multi collectors' default
+        transport = get_transport(kwargs.get("backend", backend.default))
         return transport.forks_from_server(transport.check_options({"start_method": kwargs.get("start_method")}))
     except (LookupError, TypeError, ValueError, RuntimeError):
         return False

@@ -86,11 +86,16 @@ def preload_forkserver(ctx: Any, extra: Sequence[str] = ()) -> None:
 
     The server is shared by the process: whoever starts it first chooses what it preloads.
     A process forked from a server started without ``extra`` imports it itself, as it would
-    have anyway.
+    have anyway. The server also imports what each process it forks would import again when
+    it re-imports the main script (`main_imports`: tensordict, for a script that imports a
+    collector class or tensordict at its top).
     """
     if _server()._forkserver_pid is None:
+        from ._main_imports import main_imports
+
         *preload, freeze = FORKSERVER_PRELOAD
-        ctx.set_forkserver_preload([*preload, *(m for m in extra if m not in preload), freeze])
+        more = [m for m in dict.fromkeys([*extra, *main_imports()]) if m not in preload]
+        ctx.set_forkserver_preload([*preload, *more, freeze])
 
 
 def node_preload(node_modules: Sequence[str], worker_main: str) -> list[str]:
