@@ -69,15 +69,10 @@ import _workloads as wl
 _T_IMPORTS = time.perf_counter()
 
 
-def uss_mb(pid):
-    with open(f"/proc/{{pid}}/smaps_rollup") as f:
-        return sum(int(line.split()[1]) for line in f if line.startswith(("Private_Clean", "Private_Dirty"))) / 1024
-
-
 {make_env}
 
 if __name__ == "__main__":
-    import psutil
+    import _harness as h
 
     n = CFG["workers"]
     torch.set_num_threads(1)
@@ -87,15 +82,10 @@ if __name__ == "__main__":
     for batch in c:
         break
     t_first = time.perf_counter()
-    me = psutil.Process()
-    helpers = ("forkserver", "resource_tracker", "torch_shm_manager", "semaphore_tracker")
-    workers = [  # a process forked by the fork server shares its command line but is its child
-        p for p in me.children(recursive=True)
-        if p.ppid() != me.pid or not any(x in " ".join(p.cmdline()) for x in helpers)
-    ]
+    workers, _ = h.child_processes()  # the fork server and the resource tracker are helpers
     out = {{
         "frames": batch.numel(), "imports_s": _T_IMPORTS - _T0, "first_s": t_first - t_build,
-        "script_s": t_first - _T0, "uss_mb": [uss_mb(p.pid) for p in workers],
+        "script_s": t_first - _T0, "uss_mb": [p.memory_full_info().uss / 2**20 for p in workers],
         "cpu_s": sum(sum(p.cpu_times()[:2]) for p in workers), "n_workers": len(workers),
     }}
     c.shutdown()
