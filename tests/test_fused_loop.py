@@ -13,8 +13,10 @@ from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
+from gymnasium.wrappers import TransformObservation
 from torch import nn
 
 from aiocollect import SyncDataCollector
@@ -66,6 +68,25 @@ class Walk(nn.Module):
         return (obs * 7 + 1) % 4
 
 
+class TwoKeys(nn.Module):
+    """Reads a Dict observation's two arrays (positional, in the space's key order)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(4, 2)
+
+    def forward(self, cart: torch.Tensor, pole: torch.Tensor) -> torch.Tensor:
+        return self.net(torch.cat([cart, pole], -1)).argmax(-1)
+
+
+def _split_cartpole() -> gym.Env:
+    """CartPole with a Dict observation: two keys, so the fused loop's one-key path does not apply."""
+    half = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+    space = gym.spaces.Dict({"cart": half, "pole": half})
+    env = gym.make("CartPole-v1")
+    return TransformObservation(env, lambda o: {"cart": o[:2], "pole": o[2:]}, space)
+
+
 def _vec(env_id: str, mode: AR) -> Callable[[], gym.vector.VectorEnv]:
     return lambda: gym.make_vec(env_id, 4, vectorization_mode="sync", vector_kwargs={"autoreset_mode": mode})
 
@@ -79,12 +100,23 @@ CASES: dict[str, tuple[Callable[[], Any], type[nn.Module]]] = {
     "pendulum-vec-action-needs-grad": (_vec("Pendulum-v1", AR.SAME_STEP), NeedsGrad),
     "cartpole-vec-int32-actions": (_vec("CartPole-v1", AR.SAME_STEP), Int32Actions),
     "frozenlake-single-int-observation": (lambda: gym.make("FrozenLake-v1"), Walk),
+    "cartpole-single-two-observation-keys": (_split_cartpole, TwoKeys),
 }
+# The cases the fused loop runs through its general body (more than one observation key).
+GENERAL_BODY = {"cartpole-single-two-observation-keys"}
 
 
-def _batches(make_env: Callable[[], Any], policy: nn.Module, fused: bool, monkeypatch: pytest.MonkeyPatch) -> list:
+def _batches(
+    make_env: Callable[[], Any], policy: nn.Module, fused: bool, monkeypatch: pytest.MonkeyPatch, one_key: bool = True
+) -> list:
     calls = []
     numpy_steps = []
+    one_key_batches = []
+    run_one_key = _fused._run_one_key
+
+    def counted_one_key(*args: Any) -> int:
+        one_key_batches.append(1)
+        return run_one_key(*args)
 
     def gate(r: Any, random: bool) -> bool:
         ok = fused and _fused.fused_ok(r, random)
@@ -100,6 +132,7 @@ def _batches(make_env: Callable[[], Any], policy: nn.Module, fused: bool, monkey
 
     with monkeypatch.context() as m:
         m.setattr(_rollout, "fused_ok", gate)
+        m.setattr(_fused, "_run_one_key", counted_one_key)
         for cls in (_gym._GymSingle, _gym._GymVector):
             m.setattr(cls, "_step_numpy", counted(cls._step_numpy))
         with SyncDataCollector(make_env, policy, frames_per_batch=200, total_frames=1000) as c:
@@ -108,6 +141,8 @@ def _batches(make_env: Callable[[], Any], policy: nn.Module, fused: bool, monkey
     assert calls and all(calls) == fused  # the loop under test really ran, every batch
     # Every case has plain gymnasium spaces: the fused loop takes the adapter's one-call step.
     assert (len(numpy_steps) == sum(b.batch_size[-1] for b in batches)) == fused
+    # Which body of the fused loop ran: the one-key one, or the general one.
+    assert len(one_key_batches) == (len(calls) if fused and one_key else 0)
     return batches
 
 
@@ -116,7 +151,7 @@ def test_the_fused_loop_writes_what_the_general_loop_writes(case: str, monkeypat
     make_env, policy_cls = CASES[case]
     torch.manual_seed(0)
     policy = policy_cls()
-    fused = _batches(make_env, policy, True, monkeypatch)
+    fused = _batches(make_env, policy, True, monkeypatch, one_key=case not in GENERAL_BODY)
     general = _batches(make_env, policy, False, monkeypatch)
     assert len(fused) == len(general) == 5
     dones = 0

@@ -169,17 +169,28 @@ class _GymSingle(_GymBase):
             torch.tensor(bool(trunc)),
         )
 
-    def _step_numpy(self, action: np.ndarray, out: StepOut) -> None:
+    def _step_numpy(self, action: np.ndarray, out: StepOut) -> bool | None:
         """`_step_arrays` for the fused loop: a numpy action, everything written into ``out``.
 
-        Returns ``None``: a single env never resets itself (the caller checks ``done``).
+        Returns ``False`` when the episode goes on, ``None`` when it ended (a single env never
+        resets itself: the caller checks ``done`` and resets it).
         """
         if self._act_int:
             obs, reward, term, trunc, _ = self.env.step(int(action))
         else:
             a = action if action.dtype == self._act_dtype else action.astype(self._act_dtype)
             obs, reward, term, trunc, _ = self.env.step(a)
-        self._write_step(out, obs, reward, term, trunc)
+        if type(obs) is np.ndarray and obs.shape == self._plain_shape and self._plain_obs:
+            # `_write_step`, inline: at one env per step the call is a tenth of the writes.
+            out.next_obs_np[self._obs_key][...] = obs
+            rew, term_dst, trunc_dst, done = out.flags_np
+            rew[()] = float(reward)
+            te, tr = bool(term), bool(trunc)
+            term_dst[()], trunc_dst[()], done[()] = te, tr, te or tr
+        else:
+            self._write_step(out, obs, reward, term, trunc)
+            te, tr = bool(term), bool(trunc)
+        return None if te or tr else False
 
     def _write_step(self, out: StepOut, obs: Any, reward: Any, term: Any, trunc: Any) -> None:
         if type(obs) is np.ndarray and obs.shape == self._plain_shape and self._plain_obs:

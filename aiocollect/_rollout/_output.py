@@ -94,8 +94,7 @@ class RolloutOutput:
             torch.cuda.current_stream(gpu).synchronize()
         for k in ("done", "terminated", "truncated"):
             out[k].zero_()
-        versions = self.versions + [-1] * (self.T - len(self.versions))
-        out[("collector", "policy_version")].copy_(torch.tensor(versions, dtype=torch.int64))
+        out[("collector", "policy_version")].copy_(_versions(self.versions, self.T))
         out[("collector", "worker_id")].fill_(self.worker_id)
         if steps < self.T:
             for v in out.values():
@@ -112,4 +111,49 @@ class RolloutOutput:
         if out is None:
             out = {k: torch.empty(shape, dtype=dtype, device=dev) for k, shape, dtype in self.output_layout()}
         self._write_out(out, steps)
-        return TensorDict(out, batch_size=(*self.B, self.T), device=dev, names=[*([None] * self.nb), "time"])
+        names = [*([None] * self.nb), "time"]
+        # TensorDict's constructor without its checks, which the storage's layout already
+        # guarantees: 8 us against 53 us for a batch's 13 entries.
+        new = getattr(TensorDict, "_new_unsafe", None)
+        if new is None:  # pragma: no cover - a tensordict without it
+            return TensorDict(out, batch_size=(*self.B, self.T), device=dev, names=names)
+        return _tree(new, _nested(out), torch.Size((*self.B, self.T)), dev, names)
+
+
+def _versions(versions: list[int], T: int) -> torch.Tensor:
+    """The policy-version column: ``versions`` (one per step taken), then ``-1`` up to ``T``.
+
+    Most batches run under one version: then two fills instead of converting a list of
+    Python ints (80 us for 800 steps).
+    """
+    n = len(versions)
+    if n and versions.count(versions[0]) == n:
+        column = torch.full((T,), versions[0], dtype=torch.int64)
+        if n < T:
+            column[n:] = -1
+        return column
+    return torch.tensor(versions + [-1] * (T - n), dtype=torch.int64)
+
+
+def _nested(flat: dict[Any, torch.Tensor]) -> dict[Any, Any]:
+    """``{("next", "obs"): t}`` as ``{"next": {"obs": t}}``."""
+    root: dict[Any, Any] = {}
+    for k, v in flat.items():
+        if isinstance(k, tuple):
+            node = root
+            for part in k[:-1]:
+                node = node.setdefault(part, {})
+            node[k[-1]] = v
+        else:
+            root[k] = v
+    return root
+
+
+def _tree(new: Any, tree: dict[Any, Any], batch: torch.Size, device: torch.device | None, names: list[Any]) -> Any:
+    """``tree`` as a TensorDict made with ``new`` (``TensorDict._new_unsafe``), level by level.
+
+    Bottom-up, so each level carries the batch's names: a nested dict handed over whole gets
+    unnamed sub-TensorDicts.
+    """
+    data = {k: _tree(new, v, batch, device, names) if isinstance(v, dict) else v for k, v in tree.items()}
+    return new(data, batch_size=batch, device=device, names=names)

@@ -293,7 +293,7 @@ class Rollout(RolloutOutput):
 
     def drop_views(self) -> None:
         """Free the per-step views of the storage (a few thousand small tensors): the rollout is done."""
-        self._cached_views = None
+        self._cached_views = self._fused_rows = None
 
     def views(self, t: int) -> StepOut:
         """The storage slices step ``t`` writes."""
