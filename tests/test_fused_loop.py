@@ -161,3 +161,32 @@ def test_the_fused_loop_writes_what_the_general_loop_writes(case: str, monkeypat
             assert torch.equal(f[key], g[key]), key
         dones += int(g["next", "done"].sum())
     assert dones > 0  # episode ends (and their resets) were compared too
+
+
+@pytest.mark.parametrize("case", ["cartpole-single", "cartpole-vec-same-step", "cartpole-vec-next-step"])
+def test_a_preempted_batch_is_the_same_from_both_loops(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A batch cut short (worker processes' preemption) leaves the fused loop mid-batch: every
+    # step up to the cut must hold what the general loop writes, and -1 ids after it.
+    make_env, policy_cls = CASES[case]
+    torch.manual_seed(0)
+    policy = policy_cls()
+    cut = 37  # steps before the preemption: several episode ends on every case
+
+    def batch(fused: bool) -> Any:
+        with monkeypatch.context() as m:
+            m.setattr(_rollout, "fused_ok", lambda r, random: fused and _fused.fused_ok(r, random))
+            with SyncDataCollector(make_env, policy, frames_per_batch=200, total_frames=-1) as c:
+                c.set_seed(7)
+                next(iter(c))
+                rollout = c._async._rollout  # internal: a preempted batch, as worker processes take
+                steps = iter(range(10**6))
+                out = rollout.collect(False, None, lambda: next(steps) >= cut - 1)
+                return out.clone()
+
+    fused, general = batch(True), batch(False)
+    assert set(fused.keys(True, True)) == set(general.keys(True, True))
+    for key in general.keys(True, True):
+        assert torch.equal(fused[key], general[key]), key
+    ids = general["collector", "traj_ids"]
+    assert (ids[..., :cut] >= 0).all() and (ids[..., cut:] == -1).all()
+    assert int(general["next", "done"][..., :cut, :].sum()) > 0

@@ -170,7 +170,8 @@ def _run_one_key(
     What most gymnasium envs are (CartPole, Pendulum, MuJoCo's, Atari's): the policy module is
     called on the observation tensor itself, and each step writes through slices taken once
     (`one_key_rows`), with no dict built per step. At one env per step the per-step dicts and
-    key loops of `run_fused` were about a third of the collector's own work.
+    key loops of `run_fused` were a quarter of the collector's own work (about 1 us of 4, with
+    an env and a policy that cost nothing).
     """
     policy = r.policy
     module, lock, versions = policy.policy, policy.lock, r.versions
