@@ -13,7 +13,7 @@ import torch
 from tensordict import TensorDict
 
 from aiocollect import SyncDataCollector
-from aiocollect._rollout._output import _nested, _tree, _versions
+from aiocollect._rollout._output import _nested, _tree, version_column
 
 
 @pytest.mark.parametrize(
@@ -28,7 +28,7 @@ from aiocollect._rollout._output import _nested, _tree, _versions
 )
 def test_the_version_column_is_the_versions_then_minus_one(versions: list[int], T: int) -> None:
     want = torch.tensor(versions + [-1] * (T - len(versions)), dtype=torch.int64)
-    got = _versions(list(versions), T)
+    got = version_column(list(versions), T)
     assert got.dtype == torch.int64
     assert torch.equal(got, want)
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from .._envs._specs import EnvSpec, NestedKey
 
-__all__ = ["RolloutOutput"]
+__all__ = ["RolloutOutput", "version_column"]
 
 
 class RolloutOutput:
@@ -94,7 +94,7 @@ class RolloutOutput:
             torch.cuda.current_stream(gpu).synchronize()
         for k in ("done", "terminated", "truncated"):
             out[k].zero_()
-        out[("collector", "policy_version")].copy_(_versions(self.versions, self.T))
+        out[("collector", "policy_version")].copy_(version_column(self.versions, self.T))
         out[("collector", "worker_id")].fill_(self.worker_id)
         if steps < self.T:
             for v in out.values():
@@ -120,7 +120,7 @@ class RolloutOutput:
         return _tree(new, _nested(out), torch.Size((*self.B, self.T)), dev, names)
 
 
-def _versions(versions: list[int], T: int) -> torch.Tensor:
+def version_column(versions: list[int], T: int) -> torch.Tensor:
     """The policy-version column: ``versions`` (one per step taken), then ``-1`` up to ``T``.
 
     Most batches run under one version: then two fills instead of converting a list of

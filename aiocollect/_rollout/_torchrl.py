@@ -27,6 +27,7 @@ import torch
 from .._core._seeding import TrajCounter
 from .._envs._torchrl import TorchRLEnv
 from ._layout import BatchLayout, nested_batch_dims
+from ._output import version_column
 from ._policy import PolicyAdapter
 from ._rollout import Interrupted
 from ._torchrl_policy import TorchRLPolicy
@@ -272,7 +273,7 @@ class TorchRLRollout:
     def _mark(self, out: Any, steps: int) -> None:
         """Policy versions and worker ids per frame; truncation marks; preempted steps blanked."""
         shape = (*self.B, self.T) if steps == self.T or self.buf is not None else (*self.B, steps)
-        versions = torch.tensor(self.versions + [-1] * (shape[-1] - len(self.versions)), dtype=torch.int64)
+        versions = version_column(self.versions, shape[-1])
         out.set(_VERSION, versions.to(self.options.storing_device).expand(shape).clone())
         out.set(_WORKER, torch.full(shape, self.worker_id, dtype=torch.int64, device=self.options.storing_device))
         if steps < shape[-1]:  # a preempted batch: the missing steps are blank, with id -1 (TorchRL's mark)
