@@ -85,3 +85,16 @@ def test_a_weight_update_mid_batch_shows_in_the_version_column() -> None:
     assert len(set(first.tolist())) == 2  # both versions, in step order
     assert first.tolist() == sorted(first.tolist())
     assert len(set(batches[1].tolist())) == 1
+
+
+def test_a_batch_on_a_storing_device_names_it_as_tensordict_does() -> None:
+    # The unchecked constructor is handed the tensors' own (indexed) device, which is what the
+    # checked one would name: "cuda" asked gives "cuda:0" on a GPU, "cpu" gives "cpu".
+    with SyncDataCollector(lambda: gym.make("CartPole-v1"), None, frames_per_batch=10, total_frames=10,
+                           storing_device="cpu") as c:  # fmt: skip
+        (batch,) = list(c)
+    want = TensorDict({}, batch_size=[], device="cpu").device
+    assert batch.device == want
+    for sub in ("next", "collector"):
+        assert batch[sub].device == want
+        assert batch[sub].names == batch.names == ["time"]
