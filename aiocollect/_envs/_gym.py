@@ -180,19 +180,10 @@ class _GymSingle(_GymBase):
         else:
             a = action if action.dtype == self._act_dtype else action.astype(self._act_dtype)
             obs, reward, term, trunc, _ = self.env.step(a)
-        if type(obs) is np.ndarray and obs.shape == self._plain_shape and self._plain_obs:
-            # `_write_step`, inline: one Python call fewer per step.
-            out.next_obs_np[self._obs_key][...] = obs
-            rew, term_dst, trunc_dst, done = out.flags_np
-            rew[()] = float(reward)
-            te, tr = bool(term), bool(trunc)
-            term_dst[()], trunc_dst[()], done[()] = te, tr, te or tr
-        else:
-            self._write_step(out, obs, reward, term, trunc)
-            te, tr = bool(term), bool(trunc)
-        return None if te or tr else False
+        return None if self._write_step(out, obs, reward, term, trunc) else False
 
-    def _write_step(self, out: StepOut, obs: Any, reward: Any, term: Any, trunc: Any) -> None:
+    def _write_step(self, out: StepOut, obs: Any, reward: Any, term: Any, trunc: Any) -> bool:
+        """Write the step into ``out``; returns whether the episode ended."""
         if type(obs) is np.ndarray and obs.shape == self._plain_shape and self._plain_obs:
             # One plain array of the promised shape: numpy writes straight into the
             # collector's storage (a fraction of the cost of torch ops on 0-d tensors).
@@ -203,6 +194,7 @@ class _GymSingle(_GymBase):
         rew[()] = float(reward)
         te, tr = bool(term), bool(trunc)
         term_dst[()], trunc_dst[()], done[()] = te, tr, te or tr
+        return te or tr
 
 
 class _GymVector(_GymBase):

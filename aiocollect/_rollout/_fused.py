@@ -50,8 +50,7 @@ def run_fused(r: Any, env: BatchedEnv, preempt: Callable[[], bool] | None, inter
     views_at = r._cached_views
     assert views_at is not None
     action_keys = r._action_keys
-    step, reset, apply_reset = env._step_arrays, env._reset_arrays, r.apply_reset
-    no_done, numpy_masks = r._no_done, env._numpy_masks
+    step, no_done = env._step_arrays, r._no_done
     logical_or = torch.logical_or
     # Vector envs whose step already reset the rows that ended (gymnasium's SAME_STEP) say so,
     # and then hold every row's next input whole: no reset call, no merge.
@@ -124,15 +123,26 @@ def run_fused(r: Any, env: BatchedEnv, preempt: Callable[[], bool] | None, inter
             r.steps_done += 1
         done_np = views.flags_np[3]
         if done_np.tobytes() != no_done:
-            rows = None if autoreset_rows is None else autoreset_rows(done_np)
-            if rows is None:
-                mask = done_np if numpy_masks else views.flags[3]
-                apply_reset(reset(mask, None), mask)
-                continue
-            # Rollout._apply_reset_np for a whole reset observation.
-            r.obs, r._obs_np = reset_obs, reset_obs_np
-            start_trajs(rows)
+            _restart_ended(r, env, views, done_np, autoreset_rows, reset_obs, reset_obs_np)
     return r.T
+
+
+def _restart_ended(
+    r: Any, env: BatchedEnv, views: Any, done_np: Any, autoreset_rows: Any, reset_obs: Any, reset_obs_np: Any
+) -> None:
+    """The rows that ended this step start over (both bodies, once ``done`` holds a row).
+
+    Taken whole when the step already reset them (gymnasium's SAME_STEP: every row's next
+    input is then ``reset_obs``, as `Rollout._apply_reset_np` takes a whole reset observation),
+    else reset now.
+    """
+    rows = None if autoreset_rows is None else autoreset_rows(done_np)
+    if rows is None:
+        mask = done_np if env._numpy_masks else views.flags[3]
+        r.apply_reset(env._reset_arrays(mask, None), mask)
+        return
+    r.obs, r._obs_np = reset_obs, reset_obs_np
+    r.start_trajs(rows)
 
 
 def one_key_rows(r: Any) -> list[tuple[Any, ...]]:
@@ -177,8 +187,7 @@ def _run_one_key(
     module, lock, versions = policy.policy, policy.lock, r.versions
     okey = policy._obs_key
     stop_is_set, start_trajs = r.stop.is_set, r.start_trajs
-    reset, apply_reset = env._reset_arrays, r.apply_reset
-    no_done, numpy_masks = r._no_done, env._numpy_masks
+    no_done = r._no_done
     rows = one_key_rows(r)
     obs_t, obs_np = r.obs[okey], r._obs_np[okey]
     for t in range(r.T):
@@ -212,12 +221,6 @@ def _run_one_key(
         else:
             r.obs, r._obs_np = views.next_obs, views.next_obs_np
             if done_np.tobytes() != no_done:
-                rows_reset = None if autoreset_rows is None else autoreset_rows(done_np)
-                if rows_reset is None:
-                    mask = done_np if numpy_masks else views.flags[3]
-                    apply_reset(reset(mask, None), mask)
-                else:
-                    r.obs, r._obs_np = reset_obs, reset_obs_np
-                    start_trajs(rows_reset)
+                _restart_ended(r, env, views, done_np, autoreset_rows, reset_obs, reset_obs_np)
         obs_t, obs_np = r.obs[okey], r._obs_np[okey]
     return r.T
