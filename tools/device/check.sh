@@ -15,6 +15,8 @@
 #                    storing on the host and on the GPU;
 #   bench_heavy.txt  bench_central.py's heavy policy, forward pass on the GPU;
 #   bench_nodes.txt  bench_node_scaling.py, 2 and 16 nodes on 16 cores (about 20 s a row there);
+#   bench_inproc.txt (asked for in CHECK_STEPS) bench_collect.py --paired 40 on the three CPU
+#                    workloads: issue 21's in-process ratios on a machine quieter than the 2-core VM;
 # A step that fails is recorded and the next one still runs; the exit status is the tests'.
 set -uo pipefail
 OUT="${OUT:-/tmp/device-out}"
@@ -63,7 +65,7 @@ step() {  # step NAME CAP FILE CMD...: run CMD bounded, output to $OUT/FILE, wit
 
 # CHECK_STEPS picks steps (default: all, in this order), e.g. CHECK_STEPS="tests bench_heavy"
 # for a second run that redoes only what the first one left open.
-STEPS=" ${CHECK_STEPS:-tests nccl_probe bench_cuda bench_paired bench_heavy bench_nodes} "  # also: spy_host spy_device write_out
+STEPS=" ${CHECK_STEPS:-tests nccl_probe bench_cuda bench_paired bench_heavy bench_nodes} "  # also: spy_host spy_device write_out bench_inproc
 want() { [[ "$STEPS" == *" $1 "* ]]; }
 tests_rc=0
 
@@ -99,5 +101,8 @@ want bench_heavy && step bench_heavy 110 bench_heavy.txt python3 benchmarks/benc
 # Distributed close with as many cores as nodes (issue 21): 2 against 16 nodes.
 want bench_nodes && step bench_nodes 130 bench_nodes.txt python3 benchmarks/bench_node_scaling.py --nodes 2 16 \
     --inline --repeats 2
+# The in-process paired ratios against the tight loop (CPU only; about 70 s on the 2-core VM).
+want bench_inproc && step bench_inproc 120 bench_inproc.txt python3 benchmarks/bench_collect.py --paired 40 \
+    --workload cartpole8 --workload cartpole1 --workload pendulum1
 grep " exit " "$OUT/env.txt"
 exit "$tests_rc"
