@@ -64,6 +64,7 @@ __all__ = (
     "SamplerWithoutReplacement",
     "SharedMemoryStorage",
     "SliceSampler",
+    "StaleWeightsWarning",
     "Storage",
     "SyncDataCollector",
     "WorkerCrashedError",

@@ -27,6 +27,7 @@ from aiocollect import (
     MultiSyncCollector,
     ReplayBuffer,
     SliceSampler,
+    StaleWeightsWarning,
 )
 from aiocollect.testing import CountingEnv, ScriptedPolicy
 
@@ -87,6 +88,17 @@ async def test_collector_puts_batches_where_asked_with_the_hosts_data(kwargs: di
     for got, ref in zip(batches, reference, strict=True):
         assert all(same_device(on(v), want) for v in got.values(include_nested=True, leaves_only=True))
         assert (host(got) == host(ref)).all(), "the same frames as on the host"
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a host policy is copied only onto another device")
+async def test_a_host_policy_trained_under_its_device_copy_without_an_update_is_reported() -> None:
+    # The collector acts with its copy on policy_device; the trainer's steps change the host module.
+    trained = policy(device="cpu")
+    with anyio.fail_after(120), pytest.warns(StaleWeightsWarning, match=r"^Collector collected 2 batch"):
+        async with Collector(ENV, trained, frames_per_batch=12, total_frames=36, policy_device=DEVICE) as c:
+            async for _ in c:
+                with torch.no_grad():
+                    trained.module.weight.add_(1.0)
 
 
 @pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector, AsyncCollector])

@@ -28,6 +28,7 @@ from .._workers._updates import restore_version
 from ._api import InProcessAttributes
 from ._batches import InProcessBatches
 from ._dispatch import FrontDoor
+from ._inplace import InPlaceWatch
 from ._lifecycle import CollectorLifecycle
 from ._weight_sync import WeightUpdate, WeightUpdates
 
@@ -243,6 +244,11 @@ class Collector(
         self._same_out: Any = None  # return_same_td: the batch storage handed out every time
         self._policy = PolicyAdapter(policy, policy_device=cfg.policy_device, exploration_type=cfg.exploration_type)
         self._init_weight_sync("Collector", weight_sync_schemes, weight_updater, workers=False)
+        adapter, sync = self._policy, self._weight_sync
+        if adapter.policy is not adapter.original and policy_factory is None and sync.enabled and sync.updater is None:
+            # It collects with a copy on policy_device: training the original in place does not reach it.
+            holder = f"its copy on policy_device={cfg.policy_device}"
+            self._inplace_watch = InPlaceWatch("Collector", adapter.original, None, holder=holder)
         self._counter = TrajCounter()
         self._generator = torch.Generator()
         self._generator.seed()
@@ -396,6 +402,7 @@ class Collector(
         # In process: load into the collection policy (never during a policy call), or let a
         # weight_updater push; {0: weights} is this collector's own per-worker form.
         source = update.source if update.per_worker is None else update.per_worker[0]
+        self._inplace_watch = None
         load = partial(self._policy.update_weights, updater=self._weight_sync.updater, worker_ids=update.worker_ids)
         await to_thread(load, source)
         applied = getattr(self._rollout, "weights_applied", None)

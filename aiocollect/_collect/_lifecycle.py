@@ -76,6 +76,7 @@ class CollectorLifecycle(CollectorAPI, BackgroundMixin, BatchPipeline):
     _total_frames: float
     _max_queued_batches: int
     _frames_per_batch: int
+    _inplace_watch: Any = None  # an InPlaceWatch while workers may hold weights the trainer has changed
 
     def _init_lifecycle(
         self,
@@ -227,6 +228,9 @@ class CollectorLifecycle(CollectorAPI, BackgroundMixin, BatchPipeline):
         finally:
             if self._profiler is not None:  # an in-process profiler still recording writes what it has
                 self._profiler.stop()
+        watch, self._inplace_watch = self._inplace_watch, None
+        if watch is not None and self._failure is None:
+            watch.report()  # last: a warning turned into an error must not cut the teardown short
 
     def _finalize(self) -> bool:
         """Close synchronously, without waiting on anything (garbage collection); True if it was open."""
@@ -262,6 +266,8 @@ class CollectorLifecycle(CollectorAPI, BackgroundMixin, BatchPipeline):
 
     async def _next_item(self) -> Any:
         """One item of iteration: a batch, ``None`` (written to the buffer) or `_NOTHING`."""
+        if self._inplace_watch is not None:
+            await self._inplace_watch.before_batch()
         if not self._raw_mode:
             return await self._collect_one()
         rb = self._rb

@@ -16,6 +16,7 @@ __all__ = [
     "InferenceError",
     "InferenceServerClosedError",
     "PolicyOutputError",
+    "StaleWeightsWarning",
     "WorkerCrashedError",
     "WorkerError",
     "WorkerTimeoutError",
@@ -71,6 +72,20 @@ class InferenceServerClosedError(AiocollectError):
 
 class PolicyOutputError(AiocollectError, ValueError):
     """Raised when a policy's output does not match the environment's action spec."""
+
+
+class StaleWeightsWarning(UserWarning):
+    """Warned once, when collection ends, if it collected with weights the trainer had changed and never sent.
+
+    aiocollect's workers and nodes (and an in-process collector's copy on another
+    ``policy_device``) hold copies of the policy, updated by ``update_policy_weights_()``
+    between batches. TorchRL's CPU workers read the trainer's parameters live, so a script
+    written for them may never call it. The warning comes as a collection closes, if batches
+    were collected after the trainer's module changed in place and no update was ever sent
+    (not after a failure of the collection itself); the first update ends the watch. Filter it with
+    ``warnings.filterwarnings("ignore", category=aiocollect.StaleWeightsWarning)`` where the
+    workers keep their first weights on purpose.
+    """
 
 
 class EnvOutputError(AiocollectError, ValueError):

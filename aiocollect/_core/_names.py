@@ -29,6 +29,7 @@ LAZY: dict[str, tuple[str, str]] = {
     "InferenceServerClosedError": ("._core._errors", "InferenceServerClosedError"),
     "InferenceServer": ("._serve._server", "InferenceServer"),
     "PolicyOutputError": ("._core._errors", "PolicyOutputError"),
+    "StaleWeightsWarning": ("._core._errors", "StaleWeightsWarning"),
     "WorkerCrashedError": ("._core._errors", "WorkerCrashedError"),
     "WorkerError": ("._core._errors", "WorkerError"),
     "WorkerTimeoutError": ("._core._errors", "WorkerTimeoutError"),

@@ -77,6 +77,7 @@ class NodeCollectorBase(MultiCollectorBase):
     _gather: bool  # every node's share is gathered into one batch
     _asked: bool  # nodes collect only when asked (weights then go out before each batch)
     _worker_noun = "nodes"
+    _auto_push_arg = "update_after_each_batch"
     _restart_arg = "restart_nodes"
 
     def _init_nodes(
@@ -161,6 +162,7 @@ class NodeCollectorBase(MultiCollectorBase):
                 "update_policy_weights_() needs an nn.Module policy= to define the weights; pass policy= "
                 "(it may be given together with policy_factory)"
             )
+        self._weights_sent()
         source = self._weights_argument(policy_or_weights, weights)
         state = state_of(self._weights_layout, self._policy if source is None else source)
         async with self._update_lock or anyio.Lock():
@@ -178,6 +180,7 @@ class NodeCollectorBase(MultiCollectorBase):
         """Send the policy's current weights to ``nodes`` without waiting for them."""
         if self._weights_layout is None or self._pump is None:
             return
+        self._weights_sent()
         await to_thread(self._publish, state_of(self._weights_layout, self._policy))
         self._version += 1
         if self._rb is not None:
@@ -186,6 +189,10 @@ class NodeCollectorBase(MultiCollectorBase):
             if self._pump.alive[w]:
                 self._transport.send(w, ApplyWeights(self._version))  # type: ignore[union-attr]
                 self._since_update[w] = 0
+
+    def _auto_weight_push(self) -> bool:
+        dc = self._dc
+        return bool(self._mc.update_at_each_batch or dc.update_after_each_batch or dc.max_weight_update_interval > -1)
 
     async def _after_batch(self, delivered: list[int]) -> None:
         """Weight rules after a batch: per node (TorchRL's knobs), then every ``update_interval`` batches."""

@@ -31,6 +31,7 @@ from typing import Any
 import anyio
 import torch
 
+from .._collect._inplace import InPlaceWatch
 from .._collect._weight_sync import NO_ROUTE, WeightSyncAPI, WeightUpdate
 from .._core._errors import CollectorClosedError
 from .._core._threads import to_thread
@@ -59,6 +60,8 @@ class EngineWeights(WeightSyncAPI):
     _rb: Any
     _worker_noun: str
     _outstanding: list[dict[int, Any]]
+    _inplace_watch: Any
+    _auto_push_arg = "update_at_each_batch"  # the argument that makes the collector send weights on its own
 
     def _mark_busy(self, w: int) -> None:
         raise NotImplementedError
@@ -74,6 +77,15 @@ class EngineWeights(WeightSyncAPI):
         self._published = False  # whether workers must start from the transport's weights
         self._unpublished: Any = None  # weights given before the transport existed
         self._update_lock: anyio.Lock | None = None
+        self._watching = True  # no update sent yet: watch for a policy trained in place (see _collect._inplace)
+
+    def _auto_weight_push(self) -> bool:
+        """Whether the collector sends the policy's weights on its own (no update call needed)."""
+        return bool(self._mc.update_at_each_batch)
+
+    def _weights_sent(self) -> None:
+        """An update went out: the user syncs, nothing to watch for."""
+        self._watching, self._inplace_watch = False, None
 
     def _weights_started(self) -> None:
         """The transport exists: publish what was given before, note what the shipped policy holds."""
@@ -82,6 +94,15 @@ class EngineWeights(WeightSyncAPI):
             self._publish(self._unpublished)
         if self._shared_state is None and self._weights_layout is not None and not any(self._mc.factories):
             self._shared_state = _cpu_copy(state_of(self._weights_layout, self._policy))
+        policy = self._policy
+        if self._watching and self._weight_sync.enabled and isinstance(policy, torch.nn.Module):
+            if not self._auto_weight_push():
+                noun, owner = self._worker_noun, type(self).__name__
+                fix = (
+                    f" (or pass {self._auto_push_arg}=True to {owner}); aiocollect's {noun} hold copies, where "
+                    "TorchRL's CPU workers read the live parameters"
+                )
+                self._inplace_watch = InPlaceWatch(owner, policy, self._shared_state, holder=f"its {noun}", fix=fix)
 
     def _publish(self, state: Any, version: int | None = None) -> None:
         """Make ``state`` the weights workers load (now, or as soon as the transport exists).
@@ -102,6 +123,7 @@ class EngineWeights(WeightSyncAPI):
 
     def _loaded_weights(self, state: dict[str, Any]) -> None:
         # Restarted workers start from them; running ones load them at the next update.
+        self._weights_sent()  # the workers' weights now come from the state, not the policy
         if self._weights_layout is not None:
             self._publish(state_of(self._weights_layout, state))
 
@@ -139,6 +161,7 @@ class EngineWeights(WeightSyncAPI):
     async def _send_update(self, update: WeightUpdate) -> None:
         if self._closed:
             raise CollectorClosedError(f"this {type(self).__name__} was shut down; create a new one")
+        self._weights_sent()
         state, packed = await to_thread(self._plan_update, update)
         async with self._update_lock or anyio.Lock():
             started = self._started and self._pump is not None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import warnings
 from functools import partial
 
 import anyio
@@ -26,6 +27,7 @@ from aiocollect import (
     DistributedCollector,
     DistributedSyncCollector,
     ReplayBuffer,
+    StaleWeightsWarning,
     WorkerCrashedError,
     WorkerError,
     WorkerTimeoutError,
@@ -203,6 +205,25 @@ async def test_weight_updates_are_acknowledged_and_used_by_every_node() -> None:
     assert (after[VERSION] == 1).all()
     # Weight -1 turns every action with a positive observation sum into 0, on both nodes.
     assert (after["action"][after["observation"][..., 2] > 0] == 0).all()
+
+
+async def test_nodes_collecting_with_weights_the_trainer_changed_are_reported_once_they_stop() -> None:
+    policy = scripted(1.0)
+    with anyio.fail_after(60), pytest.warns(StaleWeightsWarning, match=r"^DistributedCollector collected 2 batch") as w:
+        async with DistributedCollector([counting] * 2, policy, frames_per_batch=20, total_frames=60, **kw()) as c:
+            async for _ in c:
+                with torch.no_grad():
+                    policy.module.weight.add_(1.0)
+    assert "update_after_each_batch=True" in str(w[0].message)
+    # update_after_each_batch sends them itself: nothing to report.
+    with anyio.fail_after(60), warnings.catch_warnings():
+        warnings.simplefilter("error", StaleWeightsWarning)
+        async with DistributedCollector(
+            [counting] * 2, policy, frames_per_batch=20, total_frames=60, update_after_each_batch=True, **kw()
+        ) as c:
+            async for _ in c:
+                with torch.no_grad():
+                    policy.module.weight.add_(1.0)
 
 
 async def test_async_update_after_each_batch_reaches_the_delivering_node() -> None:
