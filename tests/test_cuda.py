@@ -278,3 +278,12 @@ async def test_a_device_buffer_drops_stale_frames_and_round_trips_its_state() ->
 def test_a_device_storage_says_where_it_lives() -> None:
     assert MemoryStorage(device=DEVICE).device == DEVICE
     assert MemoryStorage().device is None
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a host policy is copied only onto another device")
+def test_an_uninitialized_lazy_host_policy_is_not_copied_onto_the_device() -> None:
+    # Its device copy would initialize apart from the trainer's module (tests/test_lazy_policies.py).
+    lazy = torch.nn.Sequential(torch.nn.LazyLinear(1))
+    pattern = r"^the policy has uninitialized lazy parameters \(0\.weight, 0\.bias\): its copy on policy_device="
+    with pytest.raises(ValueError, match=pattern):
+        Collector(ENV, lazy, frames_per_batch=12, policy_device=DEVICE)

@@ -215,6 +215,21 @@ def test_the_blocking_twin_warns_at_shutdown_after_a_break() -> None:
             c.shutdown()
 
 
+def test_a_change_between_construction_and_the_first_batch_is_seen_at_the_first_batch() -> None:
+    # The blocking twin ships its weights when it is built; a script that then loads weights
+    # through ``.data`` (no version counter moves) has stale workers from the first batch on,
+    # which only the first batch's value check can tell.
+    policy = Linear()
+    c = blocking.MultiSyncCollector([env, env], policy, frames_per_batch=8, total_frames=8)
+    try:
+        data_write(policy)
+        with pytest.warns(StaleWeightsWarning, match=r"^MultiSyncCollector collected 1 batch\(es\)"):
+            for batch in c:
+                assert (batch[VERSION] == 0).all()
+    finally:
+        c.shutdown()
+
+
 # -- in process: the policy is the trainer's own module -------------------------------------------
 async def test_an_in_process_collector_runs_the_live_module_and_does_not_warn() -> None:
     policy = Linear()

@@ -21,7 +21,7 @@ from .._envs._base import AsyncBatchedEnv
 from .._envs._torchrl import TorchRLEnv
 from .._rollout._config import make_env, validate_config
 from .._rollout._factory import make_rollout
-from .._rollout._policy import PolicyAdapter
+from .._rollout._policy import PolicyAdapter, require_materialized
 from .._rollout._rollout import Rollout, TrajCounter
 from .._rollout._stream import StreamRollout, barrier_free_rollout
 from .._workers._updates import restore_version
@@ -245,6 +245,8 @@ class Collector(
         self._policy = PolicyAdapter(policy, policy_device=cfg.policy_device, exploration_type=cfg.exploration_type)
         self._init_weight_sync("Collector", weight_sync_schemes, weight_updater, workers=False)
         adapter, sync = self._policy, self._weight_sync
+        if adapter.policy is not adapter.original and policy_factory is None:
+            require_materialized(adapter.original, f"its copy on policy_device={cfg.policy_device}")
         if adapter.policy is not adapter.original and policy_factory is None and sync.enabled and sync.updater is None:
             # It collects with a copy on policy_device: training the original in place does not reach it.
             holder = f"its copy on policy_device={cfg.policy_device}"

@@ -82,6 +82,8 @@ class InPlaceWatch:
         """A batch is about to be collected (with the copy's weights)."""
         if not self.stale_batches and self._counters() == self._stamp:
             self._batches += 1
+            # Batch 1 included: a blocking twin copies the weights when it is built, and the
+            # script may load others (through ``.data``) before it asks for a batch.
             if self._held is None or self._batches & (self._batches - 1):  # not a power of two
                 return
             # Off the event loop: comparing a large model's values takes milliseconds.

@@ -17,7 +17,7 @@ import torch
 
 from .._envs._specs import EnvSpec, NestedKey
 
-__all__ = ["NO_ROUTE", "PolicyAdapter"]
+__all__ = ["NO_ROUTE", "PolicyAdapter", "require_materialized"]
 
 #: TorchRL's words for a weight update with nowhere to go (``BaseCollector._maybe_fallback_update``).
 NO_ROUTE = "No weight updater, WeightSyncScheme, or concrete local policy update path is configured for this collector"
@@ -64,6 +64,32 @@ def _is_tensordict(value: Any) -> bool:
     from tensordict import TensorDictBase
 
     return isinstance(value, TensorDictBase)
+
+
+def require_materialized(policy: Any, copied: str) -> None:
+    """Refuse a module whose lazy parameters (``nn.LazyLinear``, ...) are not initialized yet.
+
+    A copy of such a module initializes on its own, at its first forward pass, to weights the
+    trainer's module never sees: the copy and the trainer would silently train and act with
+    different networks (pytorch/rl#743).
+
+    Args:
+        policy: The policy about to be copied (anything but an ``nn.Module`` passes).
+        copied: Who holds the copy, for the message (``"its workers' copies"``).
+
+    Raises:
+        ValueError: ``policy`` has uninitialized parameters or buffers; the message names them.
+    """
+    if not isinstance(policy, torch.nn.Module):
+        return
+    state = [*policy.named_parameters(), *policy.named_buffers()]
+    lazy = [name for name, t in state if torch.nn.parameter.is_lazy(t)]
+    if lazy:
+        shown = ", ".join(lazy[:4]) + (f" and {len(lazy) - 4} more" if len(lazy) > 4 else "")
+        raise ValueError(
+            f"the policy has uninitialized lazy parameters ({shown}): {copied} would initialize apart from the "
+            "trainer's module; run one forward pass on an observation (policy(obs)) before passing it"
+        )
 
 
 class PolicyAdapter:

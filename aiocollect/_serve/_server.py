@@ -25,7 +25,7 @@ from .._core._errors import InferenceError, InferenceServerClosedError, PolicyOu
 from .._core._threads import ThreadLane
 from .._core._validate import check_int, check_seconds
 from .._rollout._config import check_exploration_type
-from .._rollout._policy import PolicyAdapter
+from .._rollout._policy import PolicyAdapter, require_materialized
 
 __all__ = ["InferenceServer"]
 
@@ -201,6 +201,8 @@ class InferenceServer:
     def _build(self) -> PolicyAdapter:
         policy = self._policy if self._factory is None else self._factory()
         adapter = PolicyAdapter(policy, policy_device=self.device, exploration_type=self._exploration)
+        if self._factory is None and adapter.policy is not adapter.original:
+            require_materialized(policy, f"its copy on device={self.device}")
         adapter.bind_keys(self._in_keys, self._out_keys)
         return adapter
 

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from .._core._shm import Layout, SharedBlock, layout_nbytes
+from .._rollout._policy import require_materialized
 
 _HEADER = [("header", (2,), torch.int64)]  # a WeightBlock's [seq, version]
 
@@ -17,9 +18,14 @@ __all__ = ["WeightBlock", "flat_state", "load_into", "pack_state", "state_of", "
 
 
 def weights_layout(policy: Any) -> list[tuple[str, tuple[int, ...], torch.dtype]] | None:
-    """The ``[(key, shape, dtype)]`` of an ``nn.Module``'s state dict; ``None`` for anything else."""
+    """The ``[(key, shape, dtype)]`` of an ``nn.Module``'s state dict; ``None`` for anything else.
+
+    Raises:
+        ValueError: The module has uninitialized lazy parameters (see `require_materialized`).
+    """
     if not isinstance(policy, torch.nn.Module):
         return None
+    require_materialized(policy, "its workers' copies")
     return [(k, tuple(v.shape), v.dtype) for k, v in policy.state_dict().items()]
 
 
