@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import textwrap
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
 import cloudpickle
@@ -24,6 +24,7 @@ from tensordict import LazyStackedTensorDict, TensorDictBase
 from .._core._errors import CollectorClosedError
 from .._core._threads import to_thread
 from .._multi._engine import MultiCollectorBase
+from .._rollout._policy import NO_ROUTE
 from .._workers._messages import ApplyWeights
 from .._workers._weights import state_of
 from ._config import resolve_dist_config
@@ -35,8 +36,8 @@ __all__ = ["COLLECTOR_ARGS_DOC", "NodeCollectorBase", "fill_args"]
 #: apply to nodes; `fill_args` puts them in place of a class docstring's ``{args}`` line.
 COLLECTOR_ARGS_DOC = """\
 policy_factory: A zero-argument callable that builds the policy on each node instead of
-    sending ``policy`` (or one per node); ``policy`` may still be given, to define the
-    weights `update_policy_weights_` sends.
+    sending ``policy`` (or one per node); ``policy`` may still be given, and must be for
+    `update_policy_weights_`: it lays out the weights the nodes receive.
 device: Default for ``env_device``, ``policy_device`` and ``storing_device``.
 storing_device: Device of the batches this process yields (moved there on arrival).
 env_device: Device the nodes move actions to before stepping their envs (one, or one
@@ -151,19 +152,18 @@ class NodeCollectorBase(MultiCollectorBase):
             weights: Same as ``policy_or_weights`` (TorchRL's keyword).
 
         Raises:
-            TypeError: The collector has no ``nn.Module`` policy to take the weight layout from.
+            RuntimeError: No argument, and no ``nn.Module`` policy to read weights from (TorchRL's
+                "No weight updater" error).
+            TypeError: Explicit weights, and no ``nn.Module`` policy to take their layout from.
             TimeoutError: Some nodes did not acknowledge within ``weight_sync_timeout`` (the
                 message names them).
         """
         if self._closed:
             raise CollectorClosedError(f"this {type(self).__name__} was shut down; create a new one")
-        if self._weights_layout is None:
-            raise TypeError(
-                "update_policy_weights_() needs an nn.Module policy= to define the weights; pass policy= "
-                "(it may be given together with policy_factory)"
-            )
-        self._weights_sent()
         source = self._weights_argument(policy_or_weights, weights)
+        if self._weights_layout is None:
+            self._no_weights_layout(source)
+        self._weights_sent()
         state = state_of(self._weights_layout, self._policy if source is None else source)
         async with self._update_lock or anyio.Lock():
             # Each version is its own buffer in the transport: no node can read a torn mix of
@@ -175,6 +175,18 @@ class NodeCollectorBase(MultiCollectorBase):
             self._since_update = [0] * self._num_workers
             if self._started and self._pump is not None:
                 await self._await_acks(self._version)
+
+    def _no_weights_layout(self, source: Any) -> NoReturn:
+        # Nodes receive weights into buffers laid out once, when they start, from policy=.
+        held = "no policy" if self._policy is None else f"a {type(self._policy).__name__} policy"
+        fix = f"pass an nn.Module as policy= to {type(self).__name__} (it may be given together with policy_factory)"
+        if source is None:
+            raise RuntimeError(f"{NO_ROUTE}: this {type(self).__name__} has {held}, not an nn.Module, to read weights "
+                               f"from; {fix}")  # fmt: skip
+        raise TypeError(
+            f"explicit weights need the nn.Module policy= that lays them out on the nodes, and this "
+            f"{type(self).__name__} has {held}; {fix}"
+        )
 
     async def _push_weights(self, nodes: list[int]) -> None:
         """Send the policy's current weights to ``nodes`` without waiting for them."""

@@ -9,7 +9,8 @@ actions; every node rebuilds the env from its factory:
   the batches must hold real transitions of every env.
 
 ``NODE_ENVS[kind]()`` gives ``(factory, check)``; `check_envs_on_nodes` runs one kind on a
-collector class.
+collector class. `check_factory_weights_reach_inner_workers` runs the same weight-update check
+on every collector kind (pytorch/rl#3729, where it failed for Ray and RPC).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ __all__ = [
     "NODE_ENVS",
     "check_a_close_failure_on_a_node",
     "check_envs_on_nodes",
+    "check_factory_weights_reach_inner_workers",
     "check_torchrl_node_batches",
     "sleepy_pool",
     "torchrl_pendulum",
@@ -99,3 +101,46 @@ async def check_a_close_failure_on_a_node(collector_class: Any, **kw: Any) -> No
     assert err.worker_id == 1 and "rank 2" in str(err)
     assert "FailingEnv failed to close" in str(err)
     assert "in close" in str(err.__cause__.__cause__)  # the node's own traceback
+
+
+def scripted(weight: float) -> Any:
+    """``action = obs.sum(-1) * weight > 0`` as a TensorDict module (a node's policy factory)."""
+    from tensordict.nn import TensorDictModule
+
+    from aiocollect.testing import ScriptedPolicy
+
+    return TensorDictModule(ScriptedPolicy(weight), ["observation"], ["action"])
+
+
+async def check_factory_weights_reach_inner_workers(collector_class: Any, *, explicit: bool, **kw: Any) -> None:
+    """Nodes running a multi collector whose workers build their policy with ``policy_factory``.
+
+    An update reaches every inner worker, whether it is read from the trainer's ``policy=`` or
+    passed explicitly (``explicit``): TorchRL's Ray and RPC collectors once left those workers
+    with their factory-built weights forever (pytorch/rl#3729).
+    """
+    from functools import partial
+
+    from aiocollect.testing import CountingEnv
+
+    version, worker_id = ("collector", "policy_version"), ("collector", "worker_id")
+    env = partial(CountingEnv, 1, episode_length=7)
+    policy = scripted(1.0)  # lays the weights out; the nodes' workers build their own
+    with anyio.fail_after(90):
+        async with collector_class(
+            [env] * 2, policy, policy_factory=partial(scripted, 1.0), collector_class="sync",
+            num_workers_per_collector=2, frames_per_batch=40, total_frames=-1, sync=True, **kw,
+        ) as c:  # fmt: skip
+            first = await c.__anext__()
+            if explicit:
+                await c.update_policy_weights_(scripted(-1.0))
+            else:
+                with torch.no_grad():
+                    policy.module.weight.fill_(-1.0)
+                await c.update_policy_weights_()
+            after = await c.__anext__()
+    moved = after["observation"][..., 2] > 0  # a positive observation sum: the weight's sign decides
+    assert (first["action"][first["observation"][..., 2] > 0] == 1).all()
+    assert set(after[worker_id].flatten().tolist()) == {0, 1, 2, 3}, "every inner worker collected"
+    assert (after[version] == 1).all()
+    assert moved.any() and (after["action"][moved] == 0).all(), "an inner worker kept its factory-built weights"

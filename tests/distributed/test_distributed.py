@@ -18,7 +18,7 @@ import anyio
 import psutil
 import pytest
 import torch
-from _node_envs import check_a_close_failure_on_a_node
+from _node_envs import check_a_close_failure_on_a_node, check_factory_weights_reach_inner_workers
 from _weight_policies import HangsWhenLoading, check_updates_back_to_back
 from tensordict.nn import TensorDictModule
 
@@ -205,6 +205,25 @@ async def test_weight_updates_are_acknowledged_and_used_by_every_node() -> None:
     assert (after[VERSION] == 1).all()
     # Weight -1 turns every action with a positive observation sum into 0, on both nodes.
     assert (after["action"][after["observation"][..., 2] > 0] == 0).all()
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["from_policy", "explicit"])
+async def test_updates_reach_the_inner_workers_of_nodes_built_by_a_policy_factory(explicit: bool) -> None:
+    await check_factory_weights_reach_inner_workers(DistributedCollector, explicit=explicit, **kw())
+
+
+async def test_without_a_module_policy_an_update_names_what_lays_the_weights_out() -> None:
+    # A node receives weights into buffers laid out from policy= when it starts; a factory's
+    # module exists on the nodes only. Refused before anything is sent (or started).
+    c = DistributedCollector([counting] * 2, None, policy_factory=partial(scripted, 1.0), frames_per_batch=20, **kw())
+    fix = r"; pass an nn\.Module as policy= to DistributedCollector \(it may be given together with policy_factory\)$"
+    no_arg = r"^No weight updater.*: this DistributedCollector has no policy, not an nn\.Module, to read weights from"
+    explicit = r"^explicit weights need the nn\.Module policy= that lays them out on the nodes, and this Distributed"
+    with pytest.raises(RuntimeError, match=no_arg + fix):
+        await c.update_policy_weights_()
+    with pytest.raises(TypeError, match=explicit + r"Collector has no policy" + fix):
+        await c.update_policy_weights_(scripted(-1.0))
+    assert c.policy_version == 0
 
 
 async def test_nodes_collecting_with_weights_the_trainer_changed_are_reported_once_they_stop() -> None:

@@ -24,7 +24,11 @@ from aiocollect import RayCollector, ReplayBuffer, WorkerCrashedError, WorkerErr
 from aiocollect.testing import CountingEnv, FailingEnv, ScriptedPolicy
 
 ray = pytest.importorskip("ray")
-from _node_envs import check_a_close_failure_on_a_node, check_envs_on_nodes  # noqa: E402
+from _node_envs import (  # noqa: E402
+    check_a_close_failure_on_a_node,
+    check_envs_on_nodes,
+    check_factory_weights_reach_inner_workers,
+)
 from _ray_procs import local_ray, no_leaks  # noqa: E402, F401  (the module's Ray and its leak check)
 from _rendezvous import MeetingCountingEnv, met  # noqa: E402
 from _weight_policies import DeviceEcho, check_updates_back_to_back  # noqa: E402
@@ -267,6 +271,11 @@ async def test_an_actor_ray_cannot_place_is_a_timeout_that_names_the_resources()
             async for _ in c:
                 pass
     assert "'num_cpus': 64" in str(info.value)
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["from_policy", "explicit"])
+async def test_updates_reach_the_inner_workers_of_nodes_built_by_a_policy_factory(explicit: bool) -> None:
+    await check_factory_weights_reach_inner_workers(RayCollector, explicit=explicit, **kw())
 
 
 @pytest.mark.parametrize("kind", ["torchrl", "coroutine"])

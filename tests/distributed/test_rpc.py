@@ -12,7 +12,7 @@ import anyio
 import pytest
 import torch
 from _counting_notifier import CountingNotifier
-from _node_envs import check_a_close_failure_on_a_node, check_envs_on_nodes
+from _node_envs import check_a_close_failure_on_a_node, check_envs_on_nodes, check_factory_weights_reach_inner_workers
 from _rendezvous import MeetingCountingEnv, met
 from _weight_policies import check_updates_back_to_back
 from tensordict.nn import TensorDictModule
@@ -195,6 +195,11 @@ def test_bad_arguments_fail_before_anything_starts() -> None:
         RPCCollector([counting] * 2, frames_per_batch=10, launcher="mp", remote_configs={"num_cpus": 1})
     with pytest.raises(ValueError, match=r"^remote_configs lists 3 dicts for 2 nodes; give one per node$"):
         RPCCollector([counting] * 2, frames_per_batch=10, launcher="ray", remote_configs=[{}] * 3)
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["from_policy", "explicit"])
+async def test_updates_reach_the_inner_workers_of_nodes_built_by_a_policy_factory(explicit: bool) -> None:
+    await check_factory_weights_reach_inner_workers(RPCCollector, explicit=explicit, **kw())
 
 
 @pytest.mark.parametrize("kind", ["torchrl", "coroutine"])
