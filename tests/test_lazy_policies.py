@@ -4,8 +4,8 @@ A copy of an uninitialized lazy module initializes on its own at its first forwa
 weights the trainer's module never sees (TorchRL users lose their parameters that way in
 silence, pytorch/rl#743). Worker collectors and an in-process collector acting with a copy on
 another device say so when they are built, before anything starts (an inference server, as it
-starts); an in-process collector
-running the trainer's own module initializes it, as a training loop would.
+starts); an in-process collector running the trainer's own module initializes it, as a
+training loop would.
 """
 
 from __future__ import annotations
