@@ -246,11 +246,11 @@ class Collector(
         self._init_weight_sync("Collector", weight_sync_schemes, weight_updater, workers=False)
         adapter, sync = self._policy, self._weight_sync
         if adapter.policy is not adapter.original and policy_factory is None:
-            require_materialized(adapter.original, f"its copy on policy_device={cfg.policy_device}")
-        if adapter.policy is not adapter.original and policy_factory is None and sync.enabled and sync.updater is None:
             # It collects with a copy on policy_device: training the original in place does not reach it.
             holder = f"its copy on policy_device={cfg.policy_device}"
-            self._inplace_watch = InPlaceWatch("Collector", adapter.original, None, holder=holder)
+            require_materialized(adapter.original, holder)
+            if sync.enabled and sync.updater is None:
+                self._inplace_watch = InPlaceWatch("Collector", adapter.original, None, holder=holder)
         self._counter = TrajCounter()
         self._generator = torch.Generator()
         self._generator.seed()

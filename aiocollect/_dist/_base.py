@@ -178,7 +178,7 @@ class NodeCollectorBase(MultiCollectorBase):
 
     def _no_weights_layout(self, source: Any) -> NoReturn:
         # Nodes receive weights into buffers laid out once, when they start, from policy=.
-        held = "no policy" if self._policy is None else f"a {type(self._policy).__name__} policy"
+        held = self._policy_held()
         fix = f"pass an nn.Module as policy= to {type(self).__name__} (it may be given together with policy_factory)"
         if source is None:
             raise RuntimeError(f"{NO_ROUTE}: this {type(self).__name__} has {held}, not an nn.Module, to read weights "

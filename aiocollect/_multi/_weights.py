@@ -83,6 +83,10 @@ class EngineWeights(WeightSyncAPI):
         """Whether the collector sends the policy's weights on its own (no update call needed)."""
         return bool(self._mc.update_at_each_batch)
 
+    def _policy_held(self) -> str:
+        """The policy the collector was given, for messages (``"no policy"``, ``"a Foo policy"``)."""
+        return "no policy" if self._policy is None else f"a {type(self._policy).__name__} policy"
+
     def _weights_sent(self) -> None:
         """An update went out: the user syncs, nothing to watch for."""
         self._watching, self._inplace_watch = False, None
@@ -140,10 +144,10 @@ class EngineWeights(WeightSyncAPI):
             return None, {w: pack_state(flat_state(src)) for w, src in update.per_worker.items()}
         source, layout = update.source, self._weights_layout
         if source is None and not isinstance(self._policy, torch.nn.Module):
-            held = "no policy" if self._policy is None else f"a {type(self._policy).__name__} policy"
             raise RuntimeError(
-                f"{NO_ROUTE}: this {type(self).__name__} has {held}, not an nn.Module, to read weights from (a "
-                "policy_factory builds its policy in the workers); pass them: update_policy_weights_(weights)"
+                f"{NO_ROUTE}: this {type(self).__name__} has {self._policy_held()}, not an nn.Module, to read "
+                "weights from (a policy_factory builds its policy in the workers); pass them: "
+                "update_policy_weights_(weights)"
             )
         workers = update.workers or tuple(range(self._num_workers))
         if layout is None and any(self._mc.factories[w] is None for w in workers):
