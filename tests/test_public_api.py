@@ -281,7 +281,10 @@ def test_node_collectors_have_full_signatures(name: str) -> None:
             assert params[arg].default == p.default, arg
     assert ("sync" in params) is (name != "DistributedSyncCollector")
     assert params["update_interval"].default == (1 if name == "DistributedSyncCollector" else None)
-    with pytest.raises(TypeError, match=rf"^{name}\.__init__\(\) got an unexpected keyword argument 'frame_per_bat'$"):
+    # Python's own message (3.13 adds a suggestion to it).
+    suggestion = r"(\. Did you mean 'frames_per_batch'\?)?"
+    msg = rf"^{name}\.__init__\(\) got an unexpected keyword argument 'frame_per_bat'{suggestion}$"
+    with pytest.raises(TypeError, match=msg):
         cls(["CartPole-v1"], frame_per_bat=8)
     with pytest.raises(TypeError, match=rf"^{name}\.__init__\(\) missing 1 required keyword-only argument"):
         cls(["CartPole-v1"])
@@ -411,6 +414,24 @@ def test_public_docstrings_name_no_private_path() -> None:
     proc = subprocess.run([sys.executable, "-c", _PRIVATE_PATHS_SCRIPT], capture_output=True, text=True, cwd=root,
                           timeout=120, check=True)  # fmt: skip
     assert json.loads(proc.stdout) == [], "docstrings that name a private module (aiocollect._...)"
+
+
+def test_public_classes_methods_name_the_public_module() -> None:
+    # Python 3.13's help() names each inherited method's own module ("from <module>.<class>"):
+    # renaming only the class's __module__ left the private path there.
+    import aiocollect
+    import aiocollect.blocking
+
+    base = aiocollect.DataCollectorBase
+    assert base.__module__ == "aiocollect"
+    assert base.__next__.__module__ == "aiocollect"
+    assert inspect.getattr_static(base, "stats").__module__ == "aiocollect"
+    buffer = aiocollect.ReplayBuffer
+    assert buffer.__module__ == "aiocollect"
+    assert buffer.sample.__module__ == "aiocollect"
+    assert type(inspect.getattr_static(buffer, "closed")).__name__ == "property"
+    assert inspect.getattr_static(buffer, "closed").fget.__module__ == "aiocollect"
+    assert aiocollect.MultiSyncDataCollector.__next__.__module__ == "aiocollect"  # inherited by every twin
 
 
 def test_public_submodules_are_attributes_after_a_bare_import() -> None:

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from tensordict import TensorDictBase
 
 from .._core._portal import Portal
+from .._core._public import publish
 from .._core._stats import CollectorStats
 
 __all__ = ["DataCollectorBase"]
@@ -466,4 +467,4 @@ class DataCollectorBase:
 
 # Its public path (what aiocollect's lazy __getattr__ would set) from the start: help() of every
 # blocking twin names its base class, and `import aiocollect.blocking` alone never runs __getattr__.
-DataCollectorBase.__module__ = "aiocollect"
+publish(DataCollectorBase)

@@ -26,6 +26,8 @@ from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import Any
 
+from .._core._public import publish
+
 __all__ = ["SELECTORS", "FrontDoor"]
 
 #: The arguments only the front door takes; they select the class and are not passed on.
@@ -299,4 +301,4 @@ def _plan(
 
 # help() of a front-door class names its metaclass ("class methods ... from <metaclass>"). It
 # is no public API, but a private module path there would only confuse: name the package.
-FrontDoor.__module__ = "aiocollect"
+publish(FrontDoor)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 __all__ = [
@@ -21,7 +22,9 @@ __all__ = [
     "WorkerError",
     "WorkerTimeoutError",
     "WouldBlock",
+    "add_note",
     "first_failure",
+    "note_once",
     "warn_user",
 ]
 
@@ -206,10 +209,7 @@ def first_failure(failures: list[BaseException]) -> BaseException:
     if rest and isinstance(first, WorkerError):
         first.others = tuple(rest)
         note = "other workers failed too:\n" + "\n".join(f"  {type(e).__name__}: {e}" for e in rest)
-        if hasattr(first, "add_note"):
-            first.add_note(note)
-        else:  # pragma: no cover - Python 3.10
-            first.__notes__ = [*getattr(first, "__notes__", []), note]  # type: ignore[attr-defined]
+        add_note(first, note)
     return first
 
 
@@ -284,7 +284,6 @@ def warn_user(message: str, category: type[Warning]) -> None:
     ``anyio.run`` it lands in anyio's source). Where the user's frame is in another thread
     (a blocking twin's portal), the warning points at the outermost aiocollect frame.
     """
-    import sys
     import types
     import warnings
 
@@ -301,13 +300,20 @@ def warn_user(message: str, category: type[Warning]) -> None:
     warnings.warn(message, category, stacklevel=level if frame is not None else last)
 
 
-def note_once(exc: BaseException, note: str) -> None:
-    """Add ``note`` to ``exc`` (once): ``except`` clauses still see the exception's own type.
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``, on Python 3.10 too.
 
-    On Python 3.10, which has no notes, the note is appended to a string message instead.
+    Python 3.10 has no ``add_note``: the note goes into ``__notes__`` all the same, so that
+    code reading it sees one thing on every version, and the traceback shows it there as on
+    3.11 (the ``exceptiongroup`` backport, which anyio imports on 3.10, prints ``__notes__``).
     """
-    if hasattr(exc, "add_note"):  # Python 3.11+
-        if note not in getattr(exc, "__notes__", ()):
-            exc.add_note(note)
-    elif exc.args and isinstance(exc.args[0], str) and note not in exc.args[0]:  # pragma: no cover - 3.10
-        exc.args = (f"{exc.args[0]} ({note})", *exc.args[1:])
+    if sys.version_info >= (3, 11):
+        exc.add_note(note)
+    else:  # pragma: no cover - Python 3.10
+        exc.__notes__ = [*getattr(exc, "__notes__", ()), note]  # type: ignore[attr-defined]
+
+
+def note_once(exc: BaseException, note: str) -> None:
+    """Add ``note`` to ``exc`` (once): ``except`` clauses still see the exception's own type."""
+    if note not in getattr(exc, "__notes__", ()):
+        add_note(exc, note)

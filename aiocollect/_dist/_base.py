@@ -11,8 +11,6 @@ the first node's batch (``sync=False``), and one batch per free-running node
 
 from __future__ import annotations
 
-import re
-import textwrap
 import time
 from typing import Any, NoReturn
 
@@ -22,6 +20,7 @@ import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase
 
 from .._core._errors import CollectorClosedError
+from .._core._public import fill_args
 from .._core._threads import to_thread
 from .._multi._engine import MultiCollectorBase
 from .._rollout._policy import NO_ROUTE
@@ -61,15 +60,6 @@ set_truncated: Mark the last step of each node's batches as truncated (the env i
 track_traj_ids: Write ``("collector", "traj_ids")`` (unique across nodes); passed on to
     every node. ``split_trajs`` needs it True.
 """
-
-
-def fill_args(cls: type, entries: str) -> None:
-    """Replace the ``{args}`` line of ``cls``'s docstring with ``entries``, indented like that line."""
-    doc = cls.__doc__ or ""
-    line = re.search(r"^( *)\{args\}$", doc, re.MULTILINE)
-    if line is None:
-        raise RuntimeError(f"the docstring of {cls.__qualname__} must hold an {{args}} line")
-    cls.__doc__ = doc[: line.start()] + textwrap.indent(entries.rstrip("\n"), line.group(1)) + doc[line.end() :]
 
 
 class NodeCollectorBase(MultiCollectorBase):

@@ -16,7 +16,7 @@ from typing import Any
 import cloudpickle
 
 from .._collect._api import CollectorAPI
-from .._core._errors import _RemoteTraceback
+from .._core._errors import _RemoteTraceback, add_note
 from .._core._profile import ProfileConfig, ProfilerHook
 from .._core._remote import call_lists
 from .._core._stats import CollectorStats
@@ -132,10 +132,7 @@ class WorkerCalls(CollectorAPI):
         if not isinstance(exc, BaseException):
             exc = RuntimeError(f"{reply.summary} ({where})")
         exc.__cause__ = _RemoteTraceback(reply.traceback)
-        if hasattr(exc, "add_note"):
-            exc.add_note(where)
-        else:  # pragma: no cover - Python 3.10
-            exc.__notes__ = [*getattr(exc, "__notes__", []), where]  # type: ignore[attr-defined]
+        add_note(exc, where)
         raise exc
 
     async def get_distant_attr(self, attr: str) -> list[Any]:

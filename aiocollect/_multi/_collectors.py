@@ -16,6 +16,7 @@ import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase
 
 from .._collect._weight_sync import WeightUpdates
+from .._core._public import fill_args
 from .._core._threads import to_thread
 from ._config import collector_options, multi_signature, resolve_multi_config
 from ._engine import MultiCollectorBase
@@ -344,7 +345,7 @@ class AsyncCollector(MultiAsyncCollector):
 
 
 for _cls in (MultiSyncCollector, MultiAsyncCollector):
-    _cls.__doc__ = (_cls.__doc__ or "").replace("{args}", _ARGS_DOC)
+    fill_args(_cls, _ARGS_DOC)
 
 # AsyncCollector takes MultiAsyncCollector's arguments less num_workers: say so to help() and IDEs.
 _sig = inspect.signature(_MultiCollector.__init__)
