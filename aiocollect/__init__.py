@@ -16,7 +16,7 @@ from typing import Any
 # tables live in a leaf module, where the fork server's preload can read them too.
 from ._core._names import FORKING as _FORKING
 from ._core._names import LAZY as _LAZY
-from ._core._public import publish as _publish
+from ._core._public import publish_loaded as _publish_loaded
 from ._version import __version__ as __version__
 
 __all__ = (
@@ -101,8 +101,9 @@ def __getattr__(name: str) -> Any:
         with contextlib.suppress(Exception):
             prestart_forkserver()
     obj = getattr(importlib.import_module(module, __name__), attr)
-    # trio's trick: reprs, tracebacks, pickles and help() name the public path, not the private module.
-    _publish(obj, __name__)
+    # trio's trick: reprs, tracebacks, pickles and help() name the public path, not the
+    # private module: obj's, and those of the public names its import loaded with it.
+    _publish_loaded(__name__)
     globals()[name] = obj
     return obj
 

@@ -24,6 +24,7 @@ from ._collect._dispatch import FrontDoor as _FrontDoor
 from ._core._errors import BufferClosedError as _BufferClosedError
 from ._core._errors import WouldBlock as _WouldBlock
 from ._core._portal import Portal as _Portal
+from ._core._public import publish_loaded as _publish_loaded
 from ._core._stats import BufferStats as _BufferStats
 from ._dist import _collectors as _dist
 from ._dist import _ray_collector as _ray
@@ -363,3 +364,7 @@ class ReplayBuffer:
 
 ReplayBuffer.__init__ = _twin_init(ReplayBuffer, _buffer.ReplayBuffer, ReplayBuffer.__init__)  # type: ignore[method-assign]
 ReplayBuffer.__doc__ = _twin_doc(ReplayBuffer, _buffer.ReplayBuffer)
+
+# A script that imports only this module never looks a name up in the package: publish the
+# public classes its import loaded (their bases, the errors), as the package's lookup would.
+_publish_loaded()

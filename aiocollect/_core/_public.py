@@ -9,10 +9,13 @@ inherited method (so renaming the class's module alone leaves the private path i
 from __future__ import annotations
 
 import re
+import sys
 import textwrap
 from typing import Any
 
-__all__ = ["fill_args", "publish"]
+from ._names import LAZY
+
+__all__ = ["fill_args", "publish", "publish_loaded"]
 
 
 def publish(obj: Any, module: str = "aiocollect") -> None:
@@ -37,6 +40,21 @@ def publish(obj: Any, module: str = "aiocollect") -> None:
                         fn.__module__ = module
                     except (AttributeError, TypeError):
                         pass
+
+
+def publish_loaded(package: str = "aiocollect") -> None:
+    """`publish` every public name whose private module is imported already.
+
+    The package imports its names on first use, so a public class can be loaded long before
+    its own first lookup: as another's base (``Collector`` under ``AsyncBatchedCollector``),
+    or by the package's own code (``WorkerError``). Publishing at each lookup, and at the
+    import of `aiocollect.blocking`, makes what ``help()``, reprs and tracebacks show
+    independent of which name a user happened to look up first.
+    """
+    for module, attr in LAZY.values():
+        loaded = sys.modules.get(package + module)
+        if loaded is not None and hasattr(loaded, attr):
+            publish(getattr(loaded, attr), package)
 
 
 def fill_args(cls: type, entries: str) -> None:
