@@ -28,7 +28,12 @@ from aiocollect import (
 )
 from aiocollect.testing import CountingEnv
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.timeout(120),
+    # torch 2.3 warns at the construction of every lazy module (the tests' own).
+    pytest.mark.filterwarnings("ignore:Lazy modules are a new feature:UserWarning"),
+]
 
 MESSAGE = (
     r"^the policy has uninitialized lazy parameters \(net\.weight, net\.bias\): {} would initialize apart from "

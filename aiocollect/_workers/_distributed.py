@@ -273,7 +273,7 @@ class DistributedTransport(Transport):
         # Joining and getting ready share the deadline: a node that hangs while it builds its
         # collector (or collects the first batch that tells the trainer its layout) never
         # holds the trainer's start-up forever.
-        with anyio.move_on_at(deadline):
+        with anyio.CancelScope(deadline=deadline):  # move_on_at is newer than anyio 4.7
             while True:
                 await self._notifier.wait_until(lambda: bool(node.events), key=w)
                 with self._notifier.lock:

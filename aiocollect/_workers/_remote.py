@@ -141,7 +141,7 @@ class RemoteTransport(Transport):
         node.gen += 1
         node.seq, node.events, node.batches, node.progress = 0, deque(), {}, (0, False)
         self._poll(w, node.gen)
-        with anyio.move_on_at(deadline):
+        with anyio.CancelScope(deadline=deadline):  # move_on_at is newer than anyio 4.7
             while True:
                 await self._notifier.wait_until(lambda: bool(node.events), key=w)
                 with self._notifier.lock:
