@@ -17,6 +17,7 @@ from typing import Any
 from ._core._names import FORKING as _FORKING
 from ._core._names import LAZY as _LAZY
 from ._core._public import publish_loaded as _publish_loaded
+from ._envs import _gcfreeze as _gcfreeze  # reads the interpreter's own gc freeze count, early
 from ._version import __version__ as __version__
 
 __all__ = (

@@ -160,10 +160,14 @@ def gc_not_left_frozen() -> Iterator[None]:
     """Fail a test that leaves objects frozen out of the cyclic GC (an unclosed large AsyncEnvPool)."""
     import gc
 
+    from aiocollect._envs._gcfreeze import _INTERPRETER_FROZEN
+
     before = gc.get_freeze_count()
     yield
     after = gc.get_freeze_count()
-    if after != before:
+    # Python 3.12's collector moves the immortal objects it meets (375 tuples on 3.12.1) into
+    # the permanent generation, so the count also moves by itself up to that many.
+    if after > max(before, _INTERPRETER_FROZEN):
         gc.unfreeze()
         pytest.fail(f"gc.get_freeze_count() went from {before} to {after}: something froze the GC and did not undo it",
                     pytrace=False)  # fmt: skip

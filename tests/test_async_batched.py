@@ -27,6 +27,7 @@ from _leaks import still_running
 
 from aiocollect import AsyncBatchedCollector, Collector, InferenceError, ReplayBuffer, WorkerError
 from aiocollect import blocking as B
+from aiocollect._envs._gcfreeze import _INTERPRETER_FROZEN
 
 pytestmark = pytest.mark.anyio
 
@@ -333,29 +334,31 @@ async def test_gc_freeze_holds_while_collecting_and_ends_at_close(
 ) -> None:
     import gc
 
-    assert gc.get_freeze_count() == 0
+    base = _INTERPRETER_FROZEN  # 0, or the immortal objects Python 3.12 keeps there (375 on 3.12.1)
     seen = []
     with anyio.fail_after(60):
         async with AsyncBatchedCollector(count_envs(n, env_backend), frames_per_batch=n, total_frames=2 * n,
                                          env_backend=env_backend, gc_freeze=gc_freeze) as c:  # fmt: skip
             async for _ in c:
-                seen.append(gc.get_freeze_count() > 0)
+                seen.append(gc.get_freeze_count() > base)
     assert seen == [frozen, frozen]
-    assert gc.get_freeze_count() == 0  # undone when the collector closed
+    assert gc.get_freeze_count() <= base  # undone when the collector closed
 
 
 @pytest.mark.parametrize("env_backend", ["threading", "coroutine"])
 async def test_gc_freeze_ends_when_the_loop_body_raises(env_backend: str) -> None:
     import gc
 
+    base = _INTERPRETER_FROZEN
+
     with anyio.fail_after(60), pytest.raises(RuntimeError, match="body"):
         async with AsyncBatchedCollector(
             count_envs(256, env_backend), frames_per_batch=256, env_backend=env_backend
         ) as c:
             async for _ in c:
-                assert gc.get_freeze_count() > 0
+                assert gc.get_freeze_count() > base
                 raise RuntimeError("body")
-    assert gc.get_freeze_count() == 0
+    assert gc.get_freeze_count() <= base
 
 
 @pytest.mark.parametrize(

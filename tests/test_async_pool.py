@@ -26,6 +26,7 @@ from aiocollect import (
     MultiSyncDataCollector,
     aSyncDataCollector,
 )
+from aiocollect._envs._gcfreeze import _INTERPRETER_FROZEN
 from aiocollect.testing import SleepyAsyncEnv
 
 pytestmark = pytest.mark.timeout(60)
@@ -388,15 +389,15 @@ async def test_gc_freeze_holds_while_the_pool_runs_and_ends_with_it(
 ) -> None:
     import gc
 
-    assert gc.get_freeze_count() == 0
+    base = _INTERPRETER_FROZEN  # 0, or the immortal objects Python 3.12 keeps there (375 on 3.12.1)
     pool = AsyncEnvPool([SleepyAsyncEnv(delay=0.0) for _ in range(n)], gc_freeze=gc_freeze)
     seen = []
     with anyio.fail_after(30):
         async with Collector(lambda: pool, frames_per_batch=2 * n, total_frames=4 * n) as c:
             async for _ in c:
-                seen.append(gc.get_freeze_count() > 0)
+                seen.append(gc.get_freeze_count() > base)
     assert seen == [frozen, frozen]
-    assert gc.get_freeze_count() == 0  # undone when the pool closed
+    assert gc.get_freeze_count() <= base  # undone when the pool closed
 
 
 @pytest.mark.anyio

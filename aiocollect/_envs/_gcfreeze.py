@@ -8,7 +8,10 @@ which the event loop runs nothing. ``gc.freeze()`` moves the objects that exist 
 the collector's sight, so later collections scan only what came after.
 
 Freezing is process-wide, so it is counted: the first pool to start freezes, the last one to
-close unfreezes, and only if the process had frozen nothing of its own before. Frozen objects
+close unfreezes, and only if the process had frozen nothing of its own before. "Nothing"
+is what the interpreter froze itself, read when aiocollect is imported: 0 on most
+Pythons, but 3.12.1 starts with 375 immortal tuples in the permanent generation, and
+comparing with 0 there left every pool's freeze in place for good. Frozen objects
 are still freed when their reference count drops; only reference cycles among them wait for
 the unfreeze, so memory never grows past what the frozen objects already held.
 """
@@ -23,6 +26,9 @@ __all__ = ["hold", "release"]
 _lock = threading.Lock()
 _holders = 0
 _unfreeze_at_last_release = False
+# Read at `import aiocollect` (the package imports this module): later freezes, a fork
+# server's or the user's own, are then told apart from the interpreter's.
+_INTERPRETER_FROZEN = gc.get_freeze_count()
 
 
 def hold() -> None:
@@ -30,7 +36,7 @@ def hold() -> None:
     global _holders, _unfreeze_at_last_release
     with _lock:
         if _holders == 0:
-            _unfreeze_at_last_release = gc.get_freeze_count() == 0
+            _unfreeze_at_last_release = gc.get_freeze_count() <= _INTERPRETER_FROZEN
         _holders += 1
         gc.collect(1)
         gc.freeze()
