@@ -371,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
 
     runs = h.fresh_rounds("bench_central", plan, repeats, config, args.timeout, on_result=logged)
     checks, tables, records = h.Checks(), [], []
+    checks.add_runs(runs)
     for w in workloads:
         fps = {r: h.median(x["fps"] for x in runs[(w, r)] if "error" not in x) for ww, r in plan if ww == w}
         if w == "coroutine":

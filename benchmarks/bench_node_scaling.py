@@ -80,7 +80,7 @@ def _make(cfg: dict[str, Any], policy: Any) -> Any:
         # interpreter that imports torch and the worker loop again.
         from aiocollect._dist import _config
 
-        _config._forks_workers = lambda kwargs: False
+        _config._forks_workers = lambda *_: False
     multi = cfg["kind"] != "distributed"
     if multi:  # as TorchRL users write it; its workers then need tensordict too
         from tensordict.nn import TensorDictModule
@@ -264,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in h.markdown_table(COLUMNS, rows):
         log(line)
     checks = h.Checks()
+    checks.add_runs(runs)
     r16 = h.find(rows, kind="distributed", nodes=16)
     desc = f"16 nodes close within {TARGET_16_OVER_2}x of 2 nodes"
     if r16 is not None:

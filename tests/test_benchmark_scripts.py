@@ -66,6 +66,42 @@ def test_script_help(script: str) -> None:
     assert proc.stdout.startswith(f"usage: {script} "), proc.stdout[:200]
 
 
+def test_node_scaling_rows_build_the_collector_they_name() -> None:
+    """The "exec'd fork server" row patches a private helper of the node config: its patch must
+    still fit the helper and still turn the node's own fork server off (it once raised a
+    TypeError in every run, and the row vanished from the table)."""
+    code = (
+        "import bench_node_scaling as b, torch\n"
+        "for kind in ('multi', 'multi-exec'):\n"
+        "    c = b._make({'kind': kind, 'nodes': 2}, torch.nn.Linear(4, 2))\n"
+        "    print(kind, c._dc.mc.transport_options['fork_server_in_nodes'])\n"
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BENCHMARKS), str(ROOT), env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=HELP_TIMEOUT_S
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["multi", "True", "multi-exec", "False"]
+
+
+def test_checks_fail_the_exit_code_on_a_crashed_run_whatever_strict_says() -> None:
+    ok = h.Checks()
+    ok.add_runs({("a", 2): [{"fps": 1.0}], ("b", 2): [{"fps": 2.0}, {"fps": 3.0}]})
+    assert ok.items == [("every run of every row returned a result", True, "3 of 3")]
+    assert ok.exit_code(strict=False) == 0 and ok.exit_code(strict=True) == 0
+
+    crashed = h.Checks()
+    crashed.add_runs({("a", 2): [{"fps": 1.0}], ("b", 2): [{"error": "TypeError: boom"}, {"fps": 3.0}]})
+    _, verdict, value = crashed.items[0]
+    assert verdict is False and value == "1 of 3 failed; first: ('b', 2): TypeError: boom"
+    assert crashed.exit_code(strict=False) == 1  # a crash is not noise
+
+    missed = h.Checks()
+    missed.add("a target", False, "0.8x")
+    assert missed.exit_code(strict=False) == 0 and missed.exit_code(strict=True) == 1
+
+
 # --------------------------------------------------------------------------------------------
 # Statistics and ratios
 # --------------------------------------------------------------------------------------------

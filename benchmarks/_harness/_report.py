@@ -9,7 +9,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -267,9 +267,26 @@ class Checks:
 
     def __init__(self) -> None:
         self.items: list[tuple[str, bool | None, str]] = []
+        self.crashed = False  # a row raised: a bug, not noise, so the exit code says so always
 
     def add(self, desc: str, ok: bool | None, value: str) -> None:
         self.items.append((desc, ok, value))
+
+    def add_runs(self, runs: Mapping[Any, list[dict[str, Any]]]) -> None:
+        """The check that every run of every row returned a result (no ``"error"`` record).
+
+        A failed run drops out of its row's medians, and a row none of whose runs worked out
+        of the table: without this check a row broken by a code change would just vanish.
+        """
+        failed = [(key, r["error"]) for key, rs in runs.items() for r in rs if "error" in r]
+        total = sum(len(rs) for rs in runs.values())
+        if failed:
+            self.crashed = True
+            key, error = failed[0]
+            value = f"{len(failed)} of {total} failed; first: {key}: {str(error)[:200]}"
+        else:
+            value = f"{total} of {total}"
+        self.add("every run of every row returned a result", not failed, value)
 
     @property
     def failed(self) -> bool:
@@ -281,8 +298,12 @@ class Checks:
             log(f"  [{'SKIP' if ok is None else 'PASS' if ok else 'FAIL'}] {desc}: {val}")
 
     def exit_code(self, strict: bool) -> int:
-        """1 if ``strict`` and a target FAILed, else 0 (shared machines are noisy)."""
-        return 1 if strict and self.failed else 0
+        """1 if a run crashed (`add_runs`) or, with ``strict``, a target FAILed; else 0.
+
+        Shared machines are noisy, so a missed target fails the exit code only when asked;
+        a crash is never noise.
+        """
+        return 1 if self.crashed or (strict and self.failed) else 0
 
     def as_json(self) -> list[dict[str, Any]]:
         return [{"check": d, "ok": ok, "value": v} for d, ok, v in self.items]
