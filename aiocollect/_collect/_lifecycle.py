@@ -225,6 +225,11 @@ class CollectorLifecycle(CollectorAPI, BackgroundMixin, BatchPipeline):
         try:
             with anyio.CancelScope(shield=True):
                 await self._close_resources()
+        except BaseException:
+            # The bounded teardown failed part way (a bug, or an env's close() that raised):
+            # free synchronously whatever it did not get to. `_close_now` is idempotent.
+            self._close_now()
+            raise
         finally:
             if self._profiler is not None:  # an in-process profiler still recording writes what it has
                 self._profiler.stop()

@@ -33,7 +33,13 @@ import numpy as np
 
 from .._core._errors import WorkerCrashedError, WorkerError, worker_error_from_message
 from .._core._shm import SharedBlock, layout_nbytes
-from .._workers._launch_group import kill_group, lead_new_group, sweep_group
+from .._workers._launch_group import (
+    hide_from_forked_children,
+    kill_group,
+    lead_new_group,
+    may_start_processes,
+    sweep_group,
+)
 from .._workers._messages import Failed
 from .._workers._prestart import preload_forkserver, run_in_environ
 from .._workers._subprocess import _check_not_bootstrapping, _default_start_method, start_leaving_start_method
@@ -179,16 +185,18 @@ class ProcessShards:
         await self._call(shard, _RESET + pickle.dumps((rows.tolist(), None)))
 
     async def aclose(self, timeout: float) -> None:
-        with anyio.move_on_after(timeout):
-            for conn in self._conns:
-                try:
-                    conn.send_bytes(_CLOSE)
-                except (OSError, ValueError):
-                    pass
-            for process in self._procs:
-                if process.exitcode is None:
-                    await anyio.wait_readable(process.sentinel)
-        self.close_now()
+        try:
+            with anyio.move_on_after(timeout):
+                for conn in self._conns:
+                    try:
+                        conn.send_bytes(_CLOSE)
+                    except (OSError, ValueError):
+                        pass
+                for process in self._procs:
+                    if process.exitcode is None:
+                        await anyio.wait_readable(process.sentinel)
+        finally:  # also after a wait that failed: the processes end all the same
+            self.close_now()
 
     def close_now(self) -> None:
         for process in self._procs:
@@ -209,6 +217,8 @@ def env_worker_main(conn: Any, spec: bytes) -> None:
     """A worker process: build the envs, then step the rows the parent names until told to close."""
     leader = lead_new_group()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    may_start_processes()  # an env's own processes die with this worker's group
+    hide_from_forked_children([conn.fileno()])
     shard: EnvShard | None = None
     steps = 0
     try:

@@ -89,13 +89,13 @@ def _fork_passfds(path: str, args: Sequence[str], passfds: Sequence[int]) -> int
 def _cover_all_but(keep: Sequence[int]) -> None:
     """Point every descriptor but stdio and ``keep`` at /dev/null, as an exec'd server would not have them.
 
-    Covered, not closed (`_cover_fds`): the node's objects that own them (its connections)
+    Covered, not closed (`cover_fds`): the node's objects that own them (its connections)
     still name these numbers, and closing one of those later would close whatever reused it.
     """
-    from ._subprocess_main import _cover_fds
+    from ._launch_group import cover_fds
 
     try:
         fds = [int(fd) for fd in os.listdir("/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd")]
     except OSError:  # pragma: no cover - neither listing exists
         fds = []
-    _cover_fds([fd for fd in fds if fd not in {0, 1, 2, *keep}])
+    cover_fds([fd for fd in fds if fd not in {0, 1, 2, *keep}])

@@ -22,10 +22,22 @@ Imported by the worker entry point (the fork server preloads it): standard libra
 
 from __future__ import annotations
 
+import functools
+import multiprocessing
 import os
 import signal
 
-__all__ = ["die_with_group", "end_group_but_self", "kill_group", "lead_new_group", "leads_group", "sweep_group"]
+__all__ = [
+    "cover_fds",
+    "die_with_group",
+    "end_group_but_self",
+    "hide_from_forked_children",
+    "kill_group",
+    "lead_new_group",
+    "leads_group",
+    "may_start_processes",
+    "sweep_group",
+]
 
 _HAVE_PROC = os.path.exists("/proc/self/stat")
 
@@ -101,6 +113,35 @@ def end_group_but_self() -> None:
             except (ProcessLookupError, PermissionError):
                 pass
         killed |= members
+
+
+def may_start_processes() -> None:
+    """Let this worker's env start processes of its own.
+
+    Workers are started daemonic (an exiting parent never waits for one), and multiprocessing
+    refuses children to a daemonic process ("daemonic processes are not allowed to have
+    children"), which would fail an env that runs a ``multiprocessing`` child or a gymnasium
+    ``AsyncVectorEnv``. Its processes die with the worker's group instead (see above).
+    """
+    multiprocessing.current_process().daemon = False
+
+
+def cover_fds(fds: list[int]) -> None:
+    """Point each of ``fds`` at ``/dev/null`` (covered, not closed: objects still name them)."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in fds:
+        os.dup2(null, fd)
+    os.close(null)
+
+
+def hide_from_forked_children(fds: list[int]) -> None:
+    """Give every child this process forks from now on ``/dev/null`` in place of ``fds``.
+
+    For a worker's pipes to its parent: the parent learns of the worker's death from their
+    end of file, which a copy held by a child the env forked would put off for as long as
+    that child lives.
+    """
+    os.register_at_fork(after_in_child=functools.partial(cover_fds, list(fds)))
 
 
 def die_with_group(leader: bool) -> None:

@@ -6,8 +6,6 @@ the forkserver preloads this module, and each worker it forks starts with the lo
 
 from __future__ import annotations
 
-import functools
-import multiprocessing
 import os
 import signal
 import sys
@@ -16,7 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._launch_group import die_with_group, end_group_but_self, lead_new_group
+from ._launch_group import (
+    die_with_group,
+    end_group_but_self,
+    hide_from_forked_children,
+    lead_new_group,
+    may_start_processes,
+)
 from ._loop import run_worker
 from ._messages import Close, Command, Event
 from ._transport import CONTROL_WORDS, Tensors, WorkerChannel
@@ -127,14 +131,6 @@ class SubprocessChannel(WorkerChannel):
         return attach_storage(info, recv_handle(self._conn) if has_fd else None)
 
 
-def _cover_fds(fds: list[int]) -> None:
-    # Not closed: the child's copies of the Connection objects still name these numbers.
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in fds:
-        os.dup2(null, fd)
-    os.close(null)
-
-
 def _parent_gone(alive: Any) -> bool:
     # The parent never writes to it: readable means EOF.
     try:
@@ -161,12 +157,8 @@ def subprocess_main(conn: Any, alive: Any, spec_bytes: bytes, weights_fd: FdArg,
     # Ctrl-C goes to the terminal's foreground group (no longer this one, unless setsid
     # failed); the parent decides how workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # Started daemonic (so an exiting parent never waits for it), yet an env may start
-    # processes of its own, which multiprocessing refuses to a daemonic process.
-    multiprocessing.current_process().daemon = False
-    # A child the env forks (multiprocessing's "fork") must not hold this worker's socket: the
-    # parent learns of the worker's death from its EOF.
-    os.register_at_fork(after_in_child=functools.partial(_cover_fds, [conn.fileno(), alive.fileno()]))
+    may_start_processes()
+    hide_from_forked_children([conn.fileno(), alive.fileno()])
     threading.Thread(target=_watch_parent, args=(alive, leader), name="aiocollect parent watcher", daemon=True).start()
     channel = SubprocessChannel(conn, weights_fd.detach(), weights_layout)
     run_worker(channel, spec_bytes)

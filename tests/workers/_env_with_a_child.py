@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
+from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
+import numpy as np
 from _grandchild import run_forever
 
 from aiocollect.testing import CountingEnv
@@ -37,3 +40,34 @@ class EnvWithAChild(CountingEnv):
 def env_with_a_child(method: str = "fork", hang_on_close: bool = False) -> Any:
     """A factory of `EnvWithAChild` (one for each worker)."""
     return lambda: EnvWithAChild(method, hang_on_close)
+
+
+class GymEnvWithAChild(gym.Env[np.ndarray, int]):
+    """One gymnasium env that counts its steps and starts a child (an `AsyncBatchedCollector`'s env).
+
+    Its observation is the step within the episode; the child's pid is written as a file
+    name into ``pid_dir``, so that a test sees it from another process. Its `close` leaves
+    the child running, as `EnvWithAChild`'s does.
+    """
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, method: str, pid_dir: str) -> None:
+        ctx: Any = multiprocessing.get_context(method)
+        ready = ctx.Event()
+        self.child = ctx.Process(target=run_forever, args=(ready,), name="env child")
+        self.child.start()
+        if not ready.wait(60):
+            raise RuntimeError("the env's child did not start within 60 s")
+        Path(pid_dir, str(self.child.pid)).touch()
+        self.t = 0
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([0.0], np.float32), {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self.t += 1
+        return np.array([self.t], np.float32), 1.0, False, False, {}

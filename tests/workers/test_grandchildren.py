@@ -9,6 +9,7 @@ instead of to init, so `descendants_left_behind` sees it if it survives.
 
 from __future__ import annotations
 
+import functools
 import gc
 import multiprocessing
 import os
@@ -16,6 +17,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ import anyio
 import psutil
 import pytest
 import torch
-from _env_with_a_child import env_with_a_child
+from _env_with_a_child import GymEnvWithAChild, env_with_a_child
 from _leaks import descendants_left_behind, orphans_reparented_here, run_script
 
 from aiocollect import AsyncCollector, MultiAsyncCollector, MultiSyncCollector, aSyncDataCollector
@@ -66,6 +68,50 @@ async def test_worker_env_with_its_own_process_collects_and_leaves_nothing(metho
                 async for batch in c:
                     check_counting(batch)
                     assert all(descendants(pid) for pid in c._worker_pids())  # each worker's child runs
+    assert left == []
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+async def test_env_processes_of_an_async_batched_collector_may_start_processes(method: str, tmp_path: Path) -> None:
+    # Its env worker processes were daemonic, so an env with a multiprocessing child (or a
+    # gymnasium AsyncVectorEnv) failed there: "daemonic processes are not allowed to have
+    # children". The children end with their env process, although the env's close leaves them.
+    from aiocollect import AsyncBatchedCollector
+
+    make = functools.partial(GymEnvWithAChild, method, str(tmp_path))
+    with orphans_reparented_here(), descendants_left_behind(GRACE) as left:
+        with anyio.fail_after(120):
+            async with AsyncBatchedCollector([make] * 2, frames_per_batch=8, total_frames=24,
+                                             env_backend="multiprocessing", shutdown_timeout=5.0) as c:  # fmt: skip
+                async for batch in c:
+                    assert torch.equal(batch["next", "observation"], batch["observation"] + 1)
+                    children = [psutil.Process(int(name)) for name in os.listdir(tmp_path)]
+                    assert len(children) == 2 and all(p.is_running() for p in children)
+        assert gone(children, GRACE), "an env's child outlived its env process"
+    assert left == []
+
+
+@pytest.mark.anyio
+async def test_an_env_process_killed_while_its_forked_child_lives_is_reported(tmp_path: Path) -> None:
+    # The parent learns of an env process's death from its pipe's end of file; a child the env
+    # forked held a copy of that pipe, so the parent waited for the step's reply forever.
+    from aiocollect import AsyncBatchedCollector, WorkerCrashedError
+
+    make = functools.partial(GymEnvWithAChild, "fork", str(tmp_path))
+    with orphans_reparented_here(), descendants_left_behind(GRACE) as left:
+        with anyio.fail_after(120):
+            async with AsyncBatchedCollector([make] * 2, frames_per_batch=8, env_backend="multiprocessing",
+                                             envs_per_worker=1, shutdown_timeout=5.0) as c:  # fmt: skip
+                await c.__anext__()
+                children = [psutil.Process(int(name)) for name in os.listdir(tmp_path)]
+                victim = children[0].ppid()
+                os.kill(victim, signal.SIGKILL)
+                with pytest.raises(WorkerCrashedError) as info:
+                    while True:
+                        await c.__anext__()
+                assert info.value.pid == victim
+        assert gone(children, GRACE), "an env's child outlived its env process"
     assert left == []
 
 
@@ -116,6 +162,38 @@ async def test_a_killed_worker_takes_its_processes_along_and_is_restarted(how: s
                 assert c.stats().restarts == 1 and c._worker_pids()[0] != victim
                 assert gone(orphans, GRACE), "the killed worker's process outlived it"
                 assert descendants(c._worker_pids()[0])  # the fresh worker's env started its own
+    assert left == []
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector])
+@pytest.mark.parametrize("broken", ["stop", "aclose"])
+async def test_a_teardown_that_fails_part_way_still_ends_every_worker_and_its_processes(
+    cls: type, broken: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A worker's stop that raises before it sends the worker its Close (a bug; anyio before
+    # 4.7, which lacks wait_readable, failed in the same teardown) once left every worker and
+    # its env's processes running as long as the trainer ran: the teardown's synchronous
+    # half, which kills them, was skipped. "stop": the transport ends them anyway; "aclose":
+    # the whole transport's close fails, and the collector ends them.
+    from aiocollect._workers._subprocess import SubprocessTransport
+
+    async def fail(self: Any, *args: Any) -> None:
+        raise RuntimeError(f"simulated failure in {broken}{args}")
+
+    with orphans_reparented_here(), descendants_left_behind(GRACE) as left:
+        c = cls([env_with_a_child()] * 2, frames_per_batch=8, shutdown_timeout=5.0)
+        with anyio.fail_after(120):
+            check_counting(await c.__anext__())
+        workers = [psutil.Process(pid) for pid in c._worker_pids()]
+        env_children = [child for w in workers for child in w.children(recursive=True)]
+        assert len(workers) == 2 and env_children
+        monkeypatch.setattr(SubprocessTransport, broken, fail)
+        with pytest.raises(Exception) as info:  # the error, or an ExceptionGroup of the stops'
+            with anyio.fail_after(30):
+                await c.aclose()
+        assert f"simulated failure in {broken}" in "".join(traceback.format_exception(info.value))
+        assert gone(workers + env_children, GRACE), "a worker or its env's process outlived the failed close"
     assert left == []
 
 
@@ -174,7 +252,7 @@ CTRL_C = """
     from aiocollect import MultiSyncDataCollector
 
     sys.path.insert(0, {workers!r})
-    from _env_with_a_child import env_with_a_child
+    from _env_with_a_child import GymEnvWithAChild, env_with_a_child
 
     if __name__ == "__main__":
         try:
