@@ -74,8 +74,8 @@ async def test_worker_env_with_its_own_process_collects_and_leaves_nothing(metho
 @pytest.mark.anyio
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 async def test_env_processes_of_an_async_batched_collector_may_start_processes(method: str, tmp_path: Path) -> None:
-    # Its env worker processes were daemonic, so an env with a multiprocessing child (or a
-    # gymnasium AsyncVectorEnv) failed there: "daemonic processes are not allowed to have
+    # Its env worker processes were daemonic, so an env with a multiprocessing child (a
+    # simulator server, say) failed there: "daemonic processes are not allowed to have
     # children". The children end with their env process, although the env's close leaves them.
     from aiocollect import AsyncBatchedCollector
 
