@@ -103,8 +103,8 @@ async def check_a_close_failure_on_a_node(collector_class: Any, **kw: Any) -> No
     assert "in close" in str(err.__cause__.__cause__)  # the node's own traceback
 
 
-def scripted(weight: float) -> Any:
-    """``action = obs.sum(-1) * weight > 0`` as a TensorDict module (a node's policy factory)."""
+def scripted(weight: float = 1.0) -> Any:
+    """``action = obs.sum(-1) * weight > 0`` as a TensorDict module (a policy, or a node's policy factory)."""
     from tensordict.nn import TensorDictModule
 
     from aiocollect.testing import ScriptedPolicy

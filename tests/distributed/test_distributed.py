@@ -18,7 +18,7 @@ import anyio
 import psutil
 import pytest
 import torch
-from _node_envs import check_a_close_failure_on_a_node, check_factory_weights_reach_inner_workers
+from _node_envs import check_a_close_failure_on_a_node, check_factory_weights_reach_inner_workers, scripted
 from _weight_policies import HangsWhenLoading, check_updates_back_to_back
 from tensordict.nn import TensorDictModule
 
@@ -32,16 +32,12 @@ from aiocollect import (
     WorkerError,
     WorkerTimeoutError,
 )
-from aiocollect.testing import CountingEnv, FailingEnv, HangingEnv, ScriptedPolicy, SleepyAsyncEnv
+from aiocollect.testing import CountingEnv, FailingEnv, HangingEnv, SleepyAsyncEnv
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
 HOSTS = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
 WORKER_ID, TRAJ, VERSION = ("collector", "worker_id"), ("collector", "traj_ids"), ("collector", "policy_version")
-
-
-def scripted(weight: float = 1.0) -> TensorDictModule:
-    return TensorDictModule(ScriptedPolicy(weight), ["observation"], ["action"])
 
 
 def kw(n: int = 2, **extra: object) -> dict[str, object]:

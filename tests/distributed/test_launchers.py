@@ -23,21 +23,17 @@ import psutil
 import pytest
 import torch
 from _leaks import orphans_reparented_here
-from tensordict.nn import TensorDictModule
+from _node_envs import scripted
 
 from aiocollect import DistributedCollector, DistributedSyncCollector
 from aiocollect._workers import _launch
 from aiocollect._workers._ports import held_port
-from aiocollect.testing import CountingEnv, ScriptedPolicy
+from aiocollect.testing import CountingEnv
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER_ID = ("collector", "worker_id")
-
-
-def scripted() -> TensorDictModule:
-    return TensorDictModule(ScriptedPolicy(1.0), ["observation"], ["action"])
 
 
 def node_env(port: int, rank: int, host: str, **extra: str) -> dict[str, str]:

@@ -18,16 +18,16 @@ from pathlib import Path
 import anyio
 import pytest
 import torch
-from tensordict.nn import TensorDictModule
 
 from aiocollect import RayCollector, ReplayBuffer, WorkerCrashedError, WorkerError
-from aiocollect.testing import CountingEnv, FailingEnv, ScriptedPolicy
+from aiocollect.testing import CountingEnv, FailingEnv
 
 ray = pytest.importorskip("ray")
 from _node_envs import (  # noqa: E402
     check_a_close_failure_on_a_node,
     check_envs_on_nodes,
     check_factory_weights_reach_inner_workers,
+    scripted,
 )
 from _ray_procs import local_ray, no_leaks  # noqa: E402, F401  (the module's Ray and its leak check)
 from _rendezvous import MeetingCountingEnv, met  # noqa: E402
@@ -38,10 +38,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 WORKER_ID, TRAJ, VERSION = ("collector", "worker_id"), ("collector", "traj_ids"), ("collector", "policy_version")
 # Half a CPU per actor: two actors and the module's spare capacity fit in num_cpus=2.
 ACTOR = {"num_cpus": 0.5, "memory": 256 * 1024**2}
-
-
-def scripted(weight: float = 1.0) -> TensorDictModule:
-    return TensorDictModule(ScriptedPolicy(weight), ["observation"], ["action"])
 
 
 def counting() -> CountingEnv:

@@ -18,22 +18,18 @@ import psutil
 import pytest
 import torch
 from _rendezvous import MeetingCountingEnv, met
-from tensordict.nn import TensorDictModule
 
 from aiocollect import DistributedCollector, DistributedSyncCollector, RPCCollector, WorkerCrashedError
-from aiocollect.testing import CountingEnv, ScriptedPolicy
+from aiocollect.testing import CountingEnv
 
 ray = pytest.importorskip("ray")
+from _node_envs import scripted  # noqa: E402
 from _ray_procs import local_ray, no_leaks  # noqa: E402, F401  (the module's Ray and its leak check)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 
 WORKER_ID, TRAJ, VERSION = ("collector", "worker_id"), ("collector", "traj_ids"), ("collector", "policy_version")
 NODE = {"num_cpus": 0.5}  # two node tasks fit in the module's num_cpus=2
-
-
-def scripted(weight: float = 1.0) -> TensorDictModule:
-    return TensorDictModule(ScriptedPolicy(weight), ["observation"], ["action"])
 
 
 def counting() -> CountingEnv:

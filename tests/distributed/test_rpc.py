@@ -12,22 +12,22 @@ import anyio
 import pytest
 import torch
 from _counting_notifier import CountingNotifier
-from _node_envs import check_a_close_failure_on_a_node, check_envs_on_nodes, check_factory_weights_reach_inner_workers
+from _node_envs import (
+    check_a_close_failure_on_a_node,
+    check_envs_on_nodes,
+    check_factory_weights_reach_inner_workers,
+    scripted,
+)
 from _rendezvous import MeetingCountingEnv, met
 from _weight_policies import check_updates_back_to_back
-from tensordict.nn import TensorDictModule
 
 from aiocollect import RPCCollector, WorkerCrashedError, WorkerError
 from aiocollect._workers import _remote
-from aiocollect.testing import CountingEnv, FailingEnv, ScriptedPolicy
+from aiocollect.testing import CountingEnv, FailingEnv
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
 WORKER_ID, TRAJ, VERSION = ("collector", "worker_id"), ("collector", "traj_ids"), ("collector", "policy_version")
-
-
-def scripted(weight: float = 1.0) -> TensorDictModule:
-    return TensorDictModule(ScriptedPolicy(weight), ["observation"], ["action"])
 
 
 def counting() -> CountingEnv:

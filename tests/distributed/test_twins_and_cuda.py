@@ -7,21 +7,17 @@ from functools import partial
 import anyio
 import pytest
 import torch
-from tensordict.nn import TensorDictModule
+from _node_envs import scripted
 
 from aiocollect import DistributedCollector
 from aiocollect.blocking import DistributedCollector as BlockingDistributedCollector
 from aiocollect.blocking import DistributedSyncCollector as BlockingDistributedSyncCollector
-from aiocollect.testing import CountingEnv, ScriptedPolicy
+from aiocollect.testing import CountingEnv
 
 pytestmark = pytest.mark.timeout(120)
 
 ENVS = [partial(CountingEnv, 1, episode_length=5), partial(CountingEnv, 1, episode_length=5)]
 VERSION = ("collector", "policy_version")
-
-
-def scripted(weight: float = 1.0) -> TensorDictModule:
-    return TensorDictModule(ScriptedPolicy(weight), ["observation"], ["action"])
 
 
 def test_blocking_twin_collects_syncs_weights_and_exits_cleanly() -> None:
