@@ -14,6 +14,17 @@ from _grandchild import run_forever
 from aiocollect.testing import CountingEnv
 
 
+def start_child(method: str) -> Any:
+    """Start a ``multiprocessing`` child that never ends on its own (`run_forever`) with ``method``."""
+    ctx: Any = multiprocessing.get_context(method)
+    ready = ctx.Event()
+    child = ctx.Process(target=run_forever, args=(ready,), name="env child")
+    child.start()
+    if not ready.wait(60):
+        raise RuntimeError("the env's child did not start within 60 s")
+    return child
+
+
 class EnvWithAChild(CountingEnv):
     """A `CountingEnv` that starts a ``multiprocessing`` child, which its `close` leaves running.
 
@@ -23,12 +34,7 @@ class EnvWithAChild(CountingEnv):
     def __init__(self, method: str = "fork", hang_on_close: bool = False) -> None:
         super().__init__(1, episode_length=10**9)
         self.hang_on_close = hang_on_close
-        ctx: Any = multiprocessing.get_context(method)
-        ready = ctx.Event()
-        self.child = ctx.Process(target=run_forever, args=(ready,), name="env child")
-        self.child.start()
-        if not ready.wait(60):
-            raise RuntimeError("the env's child did not start within 60 s")
+        self.child = start_child(method)
 
     def close(self) -> None:
         """Leave the child running (a leaky env); block forever with ``hang_on_close``."""
@@ -54,12 +60,7 @@ class GymEnvWithAChild(gym.Env[np.ndarray, int]):
     action_space = gym.spaces.Discrete(2)
 
     def __init__(self, method: str, pid_dir: str) -> None:
-        ctx: Any = multiprocessing.get_context(method)
-        ready = ctx.Event()
-        self.child = ctx.Process(target=run_forever, args=(ready,), name="env child")
-        self.child.start()
-        if not ready.wait(60):
-            raise RuntimeError("the env's child did not start within 60 s")
+        self.child = start_child(method)
         Path(pid_dir, str(self.child.pid)).touch()
         self.t = 0
 
