@@ -226,8 +226,9 @@ class CollectorLifecycle(CollectorAPI, BackgroundMixin, BatchPipeline):
             with anyio.CancelScope(shield=True):
                 await self._close_resources()
         except BaseException:
-            # The bounded teardown failed part way (a bug, or an env's close() that raised):
-            # free synchronously whatever it did not get to. `_close_now` is idempotent.
+            # The bounded teardown failed part way (a bug in a worker's stop, or an env's
+            # close() that raised): free synchronously whatever it did not get to, for every
+            # collector and transport at once. `_close_now` is idempotent.
             self._close_now()
             raise
         finally:

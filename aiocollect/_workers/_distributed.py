@@ -381,11 +381,9 @@ class DistributedTransport(Transport):
 
     async def aclose(self, timeout: float) -> None:
         self.stop_nowait()
-        try:
-            with anyio.move_on_after(timeout * 3):
-                await close_nodes(self, range(self.num_workers), timeout)  # one task for all nodes, not one each
-        finally:  # also after a stop that failed: the nodes end all the same
-            self.close_now()
+        with anyio.move_on_after(timeout * 3):
+            await close_nodes(self, range(self.num_workers), timeout)  # one task for all nodes, not one each
+        self.close_now()
 
     def close_now(self) -> None:
         if self._closed:

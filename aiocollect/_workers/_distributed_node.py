@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ._launch_group import may_start_processes
 from ._messages import ApplyWeights, Close, Command, Event
 from ._transport import BUSY, CONTROL_WORDS, PREEMPT, PROGRESS, STOP, Tensors, WorkerChannel
 from ._wire import (
@@ -260,11 +261,9 @@ def node_main(
     away (a rank out of range or already taken, a wrong ``world_size``) ends it with
     ``SystemExit`` and the trainer's reason.
     """
-    import multiprocessing
-
     # A launcher starts nodes as daemon processes (so an exiting trainer never waits for
     # them), but a node's own collector starts worker processes: allow it to.
-    multiprocessing.current_process()._config["daemon"] = False  # type: ignore[attr-defined]
+    may_start_processes()
     store, sock, token = _connect(master_addr, store_port, bind_host, timeout)
     lock = threading.Lock()
     host = sock.getsockname()[0]

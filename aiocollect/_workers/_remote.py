@@ -212,14 +212,12 @@ class RemoteTransport(Transport):
 
     async def aclose(self, timeout: float) -> None:
         self.stop_nowait()
-        try:
-            with anyio.move_on_after(timeout * 3):
-                async with anyio.create_task_group() as tg:
-                    for w in range(self.num_workers):
-                        tg.start_soon(self.stop, w, timeout)
-        finally:  # also after a stop that failed: the nodes end all the same
-            # Off the loop: closing an engine (rpc.shutdown, ray.shutdown) takes a second or more.
-            await anyio.to_thread.run_sync(self.close_now)
+        with anyio.move_on_after(timeout * 3):
+            async with anyio.create_task_group() as tg:
+                for w in range(self.num_workers):
+                    tg.start_soon(self.stop, w, timeout)
+        # Off the loop: closing an engine (rpc.shutdown, ray.shutdown) takes a second or more.
+        await anyio.to_thread.run_sync(self.close_now)
 
     def stop_nowait(self) -> None:
         for node in self._nodes:

@@ -129,13 +129,11 @@ class Transport(ABC):
         import anyio
 
         self.stop_nowait()
-        try:
-            with anyio.move_on_after(timeout * 3):
-                async with anyio.create_task_group() as tg:
-                    for w in range(self.num_workers):
-                        tg.start_soon(self.stop, w, timeout)
-        finally:  # a stop that failed (a bug, say) leaves workers running: end them all the same
-            self.close_now()
+        with anyio.move_on_after(timeout * 3):
+            async with anyio.create_task_group() as tg:
+                for w in range(self.num_workers):
+                    tg.start_soon(self.stop, w, timeout)
+        self.close_now()
 
     # -- commands and events -----------------------------------------------------------------
     @abstractmethod

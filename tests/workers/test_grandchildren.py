@@ -174,8 +174,8 @@ async def test_a_teardown_that_fails_part_way_still_ends_every_worker_and_its_pr
     # A worker's stop that raises before it sends the worker its Close (a bug; anyio before
     # 4.7, which lacks wait_readable, failed in the same teardown) once left every worker and
     # its env's processes running as long as the trainer ran: the teardown's synchronous
-    # half, which kills them, was skipped. "stop": the transport ends them anyway; "aclose":
-    # the whole transport's close fails, and the collector ends them.
+    # half, which kills them, was skipped. "stop": one worker's stop fails; "aclose": the
+    # whole transport's close fails. The collector's close ends them either way.
     from aiocollect._workers._subprocess import SubprocessTransport
 
     async def fail(self: Any, *args: Any) -> None:
