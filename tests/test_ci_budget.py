@@ -2,7 +2,7 @@
 
 ``.ci/run`` must end inside CI's 90 minutes. Its extra passes (other Pythons, the dependency
 floors) each estimate their time from the README test command's and run only if that fits
-in what is left of the budget. These tests run the script's own ``fits_budget`` and the
+in what is left of the budget. These tests run the script's own ``budgeted_phase`` and the
 passes' own shares, read from ``.ci/run``, on the timings of an ordinary day and of the slow
 day that made the budget necessary (2026-12-01).
 """
@@ -23,29 +23,30 @@ pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="CI's scrip
 
 
 def _budget_code() -> str:
-    """``.ci/run``'s budget setting and its ``fits_budget`` function, as the script has them."""
+    """``.ci/run``'s budget setting and its ``budgeted_phase`` function, as the script has them."""
     text = CI_RUN.read_text()
     match = re.search(r"^CI_BUDGET_S=.*?^}\n", text, re.M | re.S)
-    assert match, "no CI_BUDGET_S setting followed by fits_budget() in .ci/run"
+    assert match, "no CI_BUDGET_S setting followed by budgeted_phase() in .ci/run"
     return match.group(0)
 
 
 def _passes() -> list[tuple[str, str]]:
     """Each guarded pass's name and share of the README test command's time, in the script's order."""
-    found = re.findall(r'^if fits_budget "([^"]+)" ([0-9.]+); then$', CI_RUN.read_text(), re.M)
+    found = re.findall(r'^if budgeted_phase "([^"]+)" ([0-9.]+); then$', CI_RUN.read_text(), re.M)
     assert len(found) == 3, f"expected the three extra passes to be guarded, found {found}"
     return found
 
 
 def _decide(test_took: int, elapsed: int, budget: int | None = None) -> tuple[list[str], list[str], str]:
     """Run the guards of every pass with the given timings: (passes run, skips listed, output)."""
-    checks = "\n".join(f'if fits_budget "{name}" {share}; then echo "RUN {name}"; fi' for name, share in _passes())
+    checks = "\n".join(f'if budgeted_phase "{name}" {share}; then echo "RUN {name}"; fi' for name, share in _passes())
     script = f"""
 set -euo pipefail
 T_START=$((SECONDS - {elapsed}))
 SKIPPED=()
 TEST_TOOK={test_took}
 phase_end() {{ echo "PHASE_END"; }}
+phase() {{ echo "PHASE $1"; }}
 {_budget_code()}
 {checks}
 for t in "${{SKIPPED[@]}}"; do echo "SKIP $t"; done
@@ -58,6 +59,7 @@ for t in "${{SKIPPED[@]}}"; do echo "SKIP $t"; done
     out = done.stdout
     assert out.count("PHASE_END") == len(_passes()), "each check first ends the phase before it"
     ran = [line[4:] for line in out.splitlines() if line.startswith("RUN ")]
+    assert [line[6:] for line in out.splitlines() if line.startswith("PHASE ")] == ran, "a pass that runs is a phase"
     skipped = [line[5:] for line in out.splitlines() if line.startswith("SKIP ")]
     return ran, skipped, out
 
