@@ -24,13 +24,14 @@ from __future__ import annotations
 import gc
 import threading
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import anyio
 import psutil
 import pytest
 import torch
+from tensordict import TensorDictBase
 
 import aiocollect
 from aiocollect import MultiAsyncCollector, MultiSyncCollector
@@ -82,7 +83,10 @@ def check_flat(before: Held, after: Held) -> None:
     # 64 bytes kept per batch would be 50 KiB; the noise is about 10 KiB either way (torch's
     # and anyio's own allocations, made and freed at their pace).
     assert grew["traced"] <= 32 * 1024, grew
-    assert (grew["fds"], grew["threads"], grew["children"]) == (0, 0, 0), grew
+    assert max(grew["fds"], grew["children"]) <= 0, grew
+    # A leak here is one per batch, hundreds in all. anyio's thread pool may end an idle
+    # worker thread in between, or start one more when two calls overlap: one either way.
+    assert grew["threads"] <= 1, grew
     # A worker keeping its batch (about 1 KiB here) each time would add 0.6 MiB per worker;
     # page-granular RSS has moved by under 0.5 MiB in all.
     assert grew["children_rss"] <= 2 * 1024 * 1024, grew
@@ -139,17 +143,13 @@ async def test_worker_processes_and_their_parent_hold_no_more_after_hundreds_of_
     await collect_and_measure(collector)
 
 
-def test_the_blocking_twin_holds_no_more_after_hundreds_of_batches(traced: None) -> None:
-    policy = ScriptedPolicy()
-    collector = aiocollect.SyncDataCollector(counting_env, policy, frames_per_batch=16, total_frames=-1)
+def run_blocking(on_batch: Callable[[aiocollect.SyncDataCollector, int, TensorDictBase], None]) -> tuple[Held, Held]:
+    """Run a blocking twin for WARMUP + RUN batches, calling ``on_batch``; what it held at both ends."""
+    collector = aiocollect.SyncDataCollector(counting_env, ScriptedPolicy(), frames_per_batch=16, total_frames=-1)
     before = None
     try:
         for seen, batch in enumerate(collector, start=1):
-            assert batch.numel() == 16
-            if seen % UPDATE_EVERY == 0:
-                with torch.no_grad():
-                    policy.weight.mul_(-1.0)
-                collector.update_policy_weights_(policy)
+            on_batch(collector, seen, batch)
             if seen == WARMUP:
                 before = held()
             if seen == WARMUP + RUN:
@@ -158,26 +158,30 @@ def test_the_blocking_twin_holds_no_more_after_hundreds_of_batches(traced: None)
     finally:
         collector.shutdown()
     assert before is not None
-    check_flat(before, after)
+    return before, after
+
+
+def test_the_blocking_twin_holds_no_more_after_hundreds_of_batches(traced: None) -> None:
+    def on_batch(collector: aiocollect.SyncDataCollector, seen: int, batch: TensorDictBase) -> None:
+        assert batch.numel() == 16
+        if seen % UPDATE_EVERY == 0:
+            policy = collector.policy
+            with torch.no_grad():
+                policy.weight.mul_(-1.0)
+            collector.update_policy_weights_(policy)
+
+    check_flat(*run_blocking(on_batch))
 
 
 def test_the_measure_sees_a_batch_kept_per_batch(traced: None) -> None:
     """The bounds catch the leak they are there for: one small batch kept per batch."""
-    collector = aiocollect.SyncDataCollector(counting_env, ScriptedPolicy(), frames_per_batch=16, total_frames=-1)
     kept = []
-    before = None
-    try:
-        for seen, batch in enumerate(collector, start=1):
-            if seen > WARMUP:
-                kept.append(batch["observation"][:1, :1].clone())  # 4 bytes of data, one tensor
-            if seen == WARMUP:
-                before = held()
-            if seen == WARMUP + RUN:
-                after = held()
-                break
-    finally:
-        collector.shutdown()
-    assert before is not None
+
+    def on_batch(collector: aiocollect.SyncDataCollector, seen: int, batch: TensorDictBase) -> None:
+        if seen > WARMUP:
+            kept.append(batch["observation"][:1, :1].clone())  # 4 bytes of data, one tensor
+
+    before, after = run_blocking(on_batch)
     grew = before.growth(after)
     assert grew["objects"] >= RUN > RUN // 10, grew
     assert grew["traced"] > 32 * 1024, grew
