@@ -16,7 +16,7 @@ batches (with weight updates along the way, as a trainer makes them) and measure
 
 Warm-up is long enough for the caches that fill once (torch's, tensordict's, the stats
 windows) to be full; after it the counts stay flat, so the bounds are small multiples of
-the noise measured on 2026-12-02 (under 20 objects and 17 KiB over 800 batches).
+the noise measured on 2026-12-02 (under 70 objects and 27 KiB over 800 batches).
 """
 
 from __future__ import annotations
@@ -80,9 +80,10 @@ def check_flat(before: Held, after: Held) -> None:
     # One object kept per batch would be RUN objects; the noise is a few dozen (tasks and
     # cancel scopes alive at the moment of the count).
     assert grew["objects"] <= RUN // 10, grew
-    # 64 bytes kept per batch would be 50 KiB; the noise is about 10 KiB either way (torch's
-    # and anyio's own allocations, made and freed at their pace).
-    assert grew["traced"] <= 32 * 1024, grew
+    # 64 bytes kept per batch would be 50 KiB. The noise is torch's and anyio's own
+    # allocations, made and freed at their pace: up to 17 KiB with torch 2.13, and 27 KiB
+    # with torch 2.3 (the floor), whose caches fill slowly for thousands of batches.
+    assert grew["traced"] <= 48 * 1024, grew
     assert max(grew["fds"], grew["children"]) <= 0, grew
     # A leak here is one per batch, hundreds in all. anyio's thread pool may end an idle
     # worker thread in between, or start one more when two calls overlap: one either way.
@@ -184,7 +185,7 @@ def test_the_measure_sees_a_batch_kept_per_batch(traced: None) -> None:
     before, after = run_blocking(on_batch)
     grew = before.growth(after)
     assert grew["objects"] >= RUN > RUN // 10, grew
-    assert grew["traced"] > 32 * 1024, grew
+    assert grew["traced"] > 48 * 1024, grew
     with pytest.raises(AssertionError):
         check_flat(before, after)
     assert len(kept) == RUN
