@@ -105,9 +105,10 @@ def traced() -> Iterator[None]:
             tracemalloc.stop()
 
 
-async def collect_and_measure(collector: aiocollect.Collector | MultiSyncCollector | MultiAsyncCollector) -> None:
-    """Run ``collector`` for WARMUP + RUN batches, updating weights; check nothing grew."""
-    policy = collector.policy if isinstance(collector, aiocollect.Collector) else None
+async def collect_and_measure(
+    collector: aiocollect.Collector | MultiSyncCollector | MultiAsyncCollector, policy: ScriptedPolicy
+) -> None:
+    """Run ``collector`` for WARMUP + RUN batches, changing ``policy``'s weights; check nothing grew."""
     seen = 0
     before = None
     with anyio.fail_after(180):
@@ -116,10 +117,9 @@ async def collect_and_measure(collector: aiocollect.Collector | MultiSyncCollect
                 assert batch.numel() == 16  # every batch whole, to the last
                 seen += 1
                 if seen % UPDATE_EVERY == 0:
-                    if policy is not None:
-                        with torch.no_grad():
-                            policy.weight.mul_(-1.0)
-                    await collector.update_policy_weights_()
+                    with torch.no_grad():
+                        policy.weight.mul_(-1.0)
+                    await collector.update_policy_weights_(policy)
                 if seen == WARMUP:
                     before = held()
                 if seen == WARMUP + RUN:
@@ -130,18 +130,18 @@ async def collect_and_measure(collector: aiocollect.Collector | MultiSyncCollect
 
 
 async def test_an_in_process_collector_holds_no_more_after_hundreds_of_batches(traced: None) -> None:
-    collector = aiocollect.Collector(counting_env, ScriptedPolicy(), frames_per_batch=16, total_frames=-1)
-    await collect_and_measure(collector)
+    policy = ScriptedPolicy()
+    collector = aiocollect.Collector(counting_env, policy, frames_per_batch=16, total_frames=-1)
+    await collect_and_measure(collector, policy)
 
 
 @pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector])
 async def test_worker_processes_and_their_parent_hold_no_more_after_hundreds_of_batches(
     cls: type[MultiSyncCollector] | type[MultiAsyncCollector], traced: None
 ) -> None:
-    collector = cls(
-        [counting_env, counting_env], ScriptedPolicy(), frames_per_batch=16, total_frames=-1, backend="subprocess"
-    )
-    await collect_and_measure(collector)
+    policy = ScriptedPolicy()
+    collector = cls([counting_env, counting_env], policy, frames_per_batch=16, total_frames=-1, backend="subprocess")
+    await collect_and_measure(collector, policy)
 
 
 def run_blocking(on_batch: Callable[[aiocollect.SyncDataCollector, int, TensorDictBase], None]) -> tuple[Held, Held]:
