@@ -7,6 +7,7 @@ frame lost, duplicated, reordered or paired with another env's action shows.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import gymnasium as gym
@@ -79,6 +80,27 @@ class AsyncCountEnv:
         if self.gate is not None:
             await self.gate(self._env.env_id, self._env.steps)
         return self._env.step(action)
+
+
+class SlowEnvs:
+    """A `CountEnv` gate: the envs in ``slow`` take ``seconds`` longer per step (a lagging shard)."""
+
+    def __init__(self, slow: set[int], seconds: float) -> None:
+        self.slow, self.seconds = slow, seconds
+
+    def __call__(self, env_id: int, steps: int) -> None:
+        if env_id in self.slow:
+            time.sleep(self.seconds)
+
+
+class AsyncSlowEnvs(SlowEnvs):
+    """`SlowEnvs` for `AsyncCountEnv`, whose gate is awaited."""
+
+    async def __call__(self, env_id: int, steps: int) -> None:  # type: ignore[override]
+        import anyio
+
+        if env_id in self.slow:
+            await anyio.sleep(self.seconds)
 
 
 def assert_refused_before_build(error: type[BaseException], match: str, **kwargs: Any) -> None:

@@ -22,10 +22,10 @@ import anyio.lowlevel
 import gymnasium as gym
 import pytest
 import torch
-from _central_envs import AsyncCountEnv, CountEnv, Parity, assert_refused_before_build
+from _central_envs import AsyncCountEnv, AsyncSlowEnvs, CountEnv, Parity, SlowEnvs, assert_refused_before_build
 from _leaks import still_running
 
-from aiocollect import AsyncBatchedCollector, Collector, InferenceError, ReplayBuffer, WorkerError
+from aiocollect import AsyncBatchedCollector, AsyncEnvPool, Collector, InferenceError, ReplayBuffer, WorkerError
 from aiocollect import blocking as B
 from aiocollect._envs._gcfreeze import _INTERPRETER_FROZEN
 
@@ -253,16 +253,56 @@ async def test_every_exit_path_stops_the_envs(env_backend: str, how: str) -> Non
                     tg.cancel_scope.cancel()
 
 
+def check_fresh_starts(batches: list[Any], n: int) -> None:
+    """With ``reset_at_each_iter``, each batch restarts every env, whatever the envs' speeds.
+
+    A barrier-free batch holds what is ready first, so per env and batch there is at most one
+    frame of the step that was in flight when the previous batch filled (its old trajectory, one
+    step on from where it was), then the frames of one new trajectory from step 0 on; an env
+    slower than the others may have fewer frames, or none. Each reset gives env ``e`` the
+    trajectory id ``n * batch + e`` (ids are allocated per reset, in env order, as in TorchRL).
+    """
+    last: dict[int, tuple[int, int]] = {}  # env -> (traj id, step) of its latest frame
+    for i, b in enumerate(batches):
+        env, t, traj = (c.reshape(-1).long().tolist() for c in
+                        (b["collector", "env_id"], b["observation"][:, 1], b["collector", "traj_ids"]))  # fmt: skip
+        for e in range(n):
+            frames = [(j, s) for x, s, j in zip(env, t, traj, strict=True) if x == e]
+            if frames and i > 0 and frames[0][0] == n * (i - 1) + e:
+                left, frames = frames[0], frames[1:]
+                # It goes on from the env's latest frame, or opens the trajectory if that had none.
+                prev = last.get(e)
+                want = (prev[0], prev[1] + 1) if prev is not None and prev[0] == left[0] else (left[0], 0)
+                assert left == want, f"env {e}, batch {i}: the frame of the step in flight"
+            assert frames == [(n * i + e, s) for s in range(len(frames))], f"env {e} starts afresh in batch {i}"
+            if frames:
+                last[e] = frames[-1]
+
+
 @pytest.mark.parametrize("env_backend", ENV_BACKENDS)
-async def test_reset_at_each_iter_restarts_every_env_each_batch(env_backend: str) -> None:
+@pytest.mark.parametrize("slow_shard", [False, True], ids=["even", "slow-shard"])
+async def test_reset_at_each_iter_restarts_every_env_each_batch(env_backend: str, slow_shard: bool) -> None:
+    # A shard of envs slower than the other (a busy machine, a slow env) must not stop the resets.
+    gate = (AsyncSlowEnvs if env_backend == "coroutine" else SlowEnvs)({2, 3}, 0.05) if slow_shard else None
     with anyio.fail_after(60):
-        async with AsyncBatchedCollector(count_envs(4, env_backend, length=10_000), frames_per_batch=40,
+        async with AsyncBatchedCollector(count_envs(4, env_backend, length=10_000, gate=gate), frames_per_batch=40,
                                          total_frames=160, reset_at_each_iter=True, env_backend=env_backend,
                                          envs_per_worker=2) as c:  # fmt: skip
             batches = [b async for b in c]
-    for b in batches[1:]:
-        env, t = b["collector", "env_id"], b["observation"][:, 1]
-        assert set(env[t == 0].tolist()) == {0, 1, 2, 3}, "every env starts afresh in every batch"
+    assert [b.numel() for b in batches] == [40] * 4
+    check_fresh_starts(batches, 4)
+
+
+@pytest.mark.parametrize("slow_shard", [False, True], ids=["even", "slow-env"])
+async def test_reset_at_each_iter_restarts_every_env_of_a_barrier_free_pool(slow_shard: bool) -> None:
+    # The same rule for an AsyncEnvPool(min_ready=) in the in-process Collector (StreamRollout).
+    gate = AsyncSlowEnvs({2, 3}, 0.05) if slow_shard else None
+    pool = AsyncEnvPool([AsyncCountEnv(i, length=10_000, gate=gate) for i in range(4)], min_ready=1)
+    with anyio.fail_after(60):
+        async with Collector(pool, frames_per_batch=40, total_frames=160, reset_at_each_iter=True) as c:
+            batches = [b async for b in c]
+    assert [b.numel() for b in batches] == [40] * 4
+    check_fresh_starts(batches, 4)
 
 
 async def test_set_truncated_ends_each_env_run_in_the_batch() -> None:

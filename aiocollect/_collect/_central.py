@@ -70,7 +70,10 @@ class AsyncBatchedCollector(Collector):
             step on the event loop (``"coroutine"`` insists on it).
         envs_per_worker: Envs per shard (thread or process); default: the envs split evenly
             into one shard per CPU core.
-        reset_at_each_iter: Reset every env at the start of every batch.
+        reset_at_each_iter: Reset every env at the start of every batch. The batch still holds
+            what is ready first: per env, at most one frame of the step in flight when the
+            previous batch filled (kept, never dropped), then its new trajectory from step 0;
+            an env slower than the others may have few frames in the batch, or none.
         postproc: A callable applied to each batch.
         exploration_type: The interaction type the policy runs under.
         replay_buffer: A `ReplayBuffer` to write batches into; iteration then yields ``None``.
