@@ -83,13 +83,16 @@ class AsyncCountEnv:
 
 
 class SlowEnvs:
-    """A `CountEnv` gate: the envs in ``slow`` take ``seconds`` longer per step (a lagging shard)."""
+    """A `CountEnv` gate: the envs in ``slow`` take ``seconds`` longer at every ``every``-th step (a lagging shard)."""
 
-    def __init__(self, slow: set[int], seconds: float) -> None:
-        self.slow, self.seconds = slow, seconds
+    def __init__(self, slow: set[int], seconds: float, every: int = 1) -> None:
+        self.slow, self.seconds, self.every = slow, seconds, every
+
+    def lags(self, env_id: int, steps: int) -> bool:
+        return env_id in self.slow and steps % self.every == 0
 
     def __call__(self, env_id: int, steps: int) -> None:
-        if env_id in self.slow:
+        if self.lags(env_id, steps):
             time.sleep(self.seconds)
 
 
@@ -99,7 +102,7 @@ class AsyncSlowEnvs(SlowEnvs):
     async def __call__(self, env_id: int, steps: int) -> None:  # type: ignore[override]
         import anyio
 
-        if env_id in self.slow:
+        if self.lags(env_id, steps):
             await anyio.sleep(self.seconds)
 
 

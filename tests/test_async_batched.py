@@ -282,8 +282,9 @@ def check_fresh_starts(batches: list[Any], n: int) -> None:
 @pytest.mark.parametrize("env_backend", ENV_BACKENDS)
 @pytest.mark.parametrize("slow_shard", [False, True], ids=["even", "slow-shard"])
 async def test_reset_at_each_iter_restarts_every_env_each_batch(env_backend: str, slow_shard: bool) -> None:
-    # A shard of envs slower than the other (a busy machine, a slow env) must not stop the resets.
-    gate = (AsyncSlowEnvs if env_backend == "coroutine" else SlowEnvs)({2, 3}, 0.05) if slow_shard else None
+    # A shard of envs slower than the other (a busy machine, a slow env) must not stop the resets;
+    # every third step of envs 2 and 3 lags, so their leftover frames open or continue a trajectory.
+    gate = (AsyncSlowEnvs if env_backend == "coroutine" else SlowEnvs)({2, 3}, 0.03, every=3) if slow_shard else None
     with anyio.fail_after(60):
         async with AsyncBatchedCollector(count_envs(4, env_backend, length=10_000, gate=gate), frames_per_batch=40,
                                          total_frames=160, reset_at_each_iter=True, env_backend=env_backend,
@@ -296,7 +297,7 @@ async def test_reset_at_each_iter_restarts_every_env_each_batch(env_backend: str
 @pytest.mark.parametrize("slow_shard", [False, True], ids=["even", "slow-env"])
 async def test_reset_at_each_iter_restarts_every_env_of_a_barrier_free_pool(slow_shard: bool) -> None:
     # The same rule for an AsyncEnvPool(min_ready=) in the in-process Collector (StreamRollout).
-    gate = AsyncSlowEnvs({2, 3}, 0.05) if slow_shard else None
+    gate = AsyncSlowEnvs({2, 3}, 0.03, every=3) if slow_shard else None
     pool = AsyncEnvPool([AsyncCountEnv(i, length=10_000, gate=gate) for i in range(4)], min_ready=1)
     with anyio.fail_after(60):
         async with Collector(pool, frames_per_batch=40, total_frames=160, reset_at_each_iter=True) as c:
