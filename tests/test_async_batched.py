@@ -294,6 +294,24 @@ async def test_reset_at_each_iter_restarts_every_env_each_batch(env_backend: str
     check_fresh_starts(batches, 4)
 
 
+@pytest.mark.parametrize("env_backend", ["threading", "multiprocessing"])
+async def test_reset_at_each_iter_with_waits_for_every_env_gives_each_its_share(env_backend: str) -> None:
+    # The docs' advice: forward passes that wait for every env step them all together, so each
+    # batch holds every env's fresh start and an equal share, however slow one shard is.
+    gate = SlowEnvs({2, 3}, 0.03, every=3)
+    with anyio.fail_after(60):
+        envs = count_envs(4, env_backend, length=10_000, gate=gate)
+        async with AsyncBatchedCollector(envs, frames_per_batch=40, total_frames=120, reset_at_each_iter=True,
+                                         min_batch_size=4, server_timeout=30.0, env_backend=env_backend,
+                                         envs_per_worker=2) as c:  # fmt: skip
+            batches = [b async for b in c]
+    for i, b in enumerate(batches):
+        env, t, traj = b["collector", "env_id"], b["observation"][:, 1].long(), b["collector", "traj_ids"]
+        assert torch.equal(env, torch.arange(4).repeat_interleave(10)), f"batch {i}: ten frames per env"
+        assert torch.equal(t, torch.arange(10).repeat(4)), f"batch {i}: each env from step 0"
+        assert torch.equal(traj, 4 * i + env), f"batch {i}: a new trajectory per env"
+
+
 @pytest.mark.parametrize("slow_shard", [False, True], ids=["even", "slow-env"])
 async def test_reset_at_each_iter_restarts_every_env_of_a_barrier_free_pool(slow_shard: bool) -> None:
     # The same rule for an AsyncEnvPool(min_ready=) in the in-process Collector (StreamRollout).
