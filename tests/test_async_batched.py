@@ -264,10 +264,8 @@ def check_fresh_starts(batches: list[Any], n: int) -> None:
     """
     last: dict[int, tuple[int, int]] = {}  # env -> (traj id, step) of its latest frame
     for i, b in enumerate(batches):
-        env, t, traj = (c.reshape(-1).long().tolist() for c in
-                        (b["collector", "env_id"], b["observation"][:, 1], b["collector", "traj_ids"]))  # fmt: skip
-        for e in range(n):
-            frames = [(j, s) for x, s, j in zip(env, t, traj, strict=True) if x == e]
+        for e, got in per_env([b], n).items():
+            frames = [(j, int(s)) for s, j, _ in got]
             if frames and i > 0 and frames[0][0] == n * (i - 1) + e:
                 left, frames = frames[0], frames[1:]
                 # It goes on from the env's latest frame, or opens the trajectory if that had none.
