@@ -46,6 +46,8 @@ class _MultiCollector(WeightUpdates, MultiCollectorBase):
         worker_timeout: float | None = 300.0,
         backend: str = "subprocess",
         start_method: str | None = None,
+        collector_class: Any = None,
+        init_fn: Callable[[], Any] | None = None,
         **options: Any,
     ) -> None:
         # Every other argument is `Collector`'s, with its defaults: its signature is the one
@@ -61,7 +63,7 @@ class _MultiCollector(WeightUpdates, MultiCollectorBase):
             policy_factory=policy_factory, cat_results=cat_results, update_at_each_batch=update_at_each_batch,
             preemptive_threshold=preemptive_threshold, num_threads=num_threads, num_sub_threads=num_sub_threads,
             restart_workers=restart_workers, weight_sync_timeout=weight_sync_timeout, worker_timeout=worker_timeout,
-            start_method=start_method, backend=backend, **opts,
+            start_method=start_method, backend=backend, collector_class=collector_class, init_fn=init_fn, **opts,
         )  # fmt: skip
         self._init_multi(mc, policy, replay_buffer, **traj_args)
         for name, hook in hooks.items():  # checked (callable, picklable) before any worker exists
@@ -128,6 +130,14 @@ _ARGS_DOC = """
         start_method: With ``backend="subprocess"``: ``"forkserver"`` (the default on Linux:
             every collector after the first starts its workers in a fraction of a second)
             or ``"spawn"``.
+        collector_class: TorchRL's: what each worker runs. Only ``None`` or `Collector`
+            (aiocollect's or TorchRL's, the default) is taken; a subclass or a multi-process
+            class raises ``TypeError``/``ValueError`` at construction.
+        init_fn: Called with no arguments first in each worker (and in each restarted one),
+            before its env factory and policy are even unpickled: process-level set-up such
+            as a simulator's app launcher (TorchRL's ``init_fn``). Picklable; an exception in
+            it fails start-up as `WorkerError` with the worker's id and traceback. With
+            ``backend="inline"`` it runs in each worker's thread of this process.
         **others: Every other argument has `Collector`'s meaning; device arguments and
             ``create_env_kwargs`` may be lists with one entry per worker.
 """

@@ -39,6 +39,7 @@ class MultiConfig:
     backend: str
     transport_options: dict[str, Any]  # validated by the backend's Transport.check_options
     weight_sync: WeightSync = DEFAULT_SYNC  # weight_sync_schemes / weight_updater
+    init_fn: Callable[[], Any] | None = None  # called first in each worker (TorchRL's init_fn)
 
     @property
     def num_workers(self) -> int:
@@ -114,6 +115,46 @@ def _per_worker(name: str, value: Any, n: int) -> list[Any]:
     return [value] * n
 
 
+def _is_single_collector(value: Any) -> bool:
+    """``value`` is a class that means "one in-process collector per worker": aiocollect's or TorchRL's."""
+    import sys
+
+    from .._collect._collector import Collector
+
+    if value is Collector:
+        return True
+    blocking = sys.modules.get("aiocollect.blocking")  # imported if the caller could name its class
+    if blocking is not None and value is getattr(blocking, "Collector", None):
+        return True
+    # TorchRL's own classes (checked without importing torchrl): a script whose import line changed
+    # still passes them. Their subclasses are not these: their overrides would never run.
+    torchrl = sys.modules.get("torchrl.collectors")
+    return torchrl is not None and any(value is getattr(torchrl, k, None) for k in ("Collector", "SyncDataCollector"))
+
+
+def check_collector_class(name: str, value: Any) -> None:
+    """TorchRL's ``collector_class``: each worker runs one in-process collector, so only that class is taken."""
+    if value is None or _is_single_collector(value):
+        return
+    if isinstance(value, type) and value.__name__ in (
+        "MultiSyncCollector", "MultiAsyncCollector", "MultiSyncDataCollector", "MultiaSyncDataCollector",
+    ):  # fmt: skip
+        raise ValueError(
+            f"collector_class={value.__name__} would start worker processes inside each worker, which {name} does "
+            "not do: give num_workers the total instead, or use DistributedCollector(collector_class="
+            f"{value.__name__}) for a multi-process collector per node"
+        )
+    why = (
+        f": {name}'s workers run aiocollect's own rollout, so its overrides would never run; move what it adds to "
+        "postproc= or post_collect_hook=, or drop collector_class"
+        if isinstance(value, type)
+        else "; drop it, or pass Collector"
+    )
+    raise TypeError(
+        f"collector_class must be None or Collector (aiocollect's or TorchRL's, the default), got {value!r}{why}"
+    )
+
+
 def resolve_multi_config(
     *,
     sync: bool,
@@ -143,10 +184,18 @@ def resolve_multi_config(
     max_queued_batches: Any,
     weight_sync_schemes: Any = None,
     weight_updater: Any = None,
+    collector_class: Any = None,
+    init_fn: Any = None,
     **common: Any,
 ) -> MultiConfig:
     """Validate every argument of a multi-process collector (``common`` goes to every worker)."""
     name = "MultiSyncCollector" if sync else "MultiAsyncCollector"
+    check_collector_class(name, collector_class)
+    if init_fn is not None and not callable(init_fn):
+        raise TypeError(
+            f"init_fn must be a callable taking no arguments (called first in each worker process) or None, "
+            f"got {init_fn!r}"
+        )
     if isinstance(create_env_fn, (list, tuple)):
         check_int("num_workers", num_workers, allow_none=True)
         fns = list(create_env_fn)
@@ -239,5 +288,5 @@ def resolve_multi_config(
         cfg=cfg, worker_cfgs=worker_cfgs, factories=factories, cat=cat_results, total_fpb=total_fpb,
         update_at_each_batch=update_at_each_batch, preemptive_threshold=p, num_threads=num_threads,
         num_sub_threads=num_sub_threads, restart_workers=restart_workers, weight_sync_timeout=t, worker_timeout=wt,
-        backend=backend, transport_options=options, weight_sync=weight_sync,
+        backend=backend, transport_options=options, weight_sync=weight_sync, init_fn=init_fn,
     )  # fmt: skip

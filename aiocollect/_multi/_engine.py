@@ -31,7 +31,7 @@ from .._core._seeding import check_seed
 from .._core._threads import to_thread
 from .._rollout._layout import restore_nested
 from .._workers import get_transport
-from .._workers._loop import SLOTS
+from .._workers._loop import SLOTS, pack_spec
 from .._workers._messages import Collect, Reset, Seed, WorkerSpec
 from .._workers._transport import Transport
 from ._calls import WorkerCalls
@@ -69,6 +69,13 @@ class MultiCollectorBase(EngineWeights, WorkerCalls, CollectorLifecycle):
         self._pump: Pump | None = None
         self._liveness = Liveness(n)
         self._worker_frames, self._worker_batches = [0] * n, [0] * n  # delivered by each worker (stats)
+        try:
+            self._init_fn_bytes = None if mc.init_fn is None else cloudpickle.dumps(mc.init_fn)
+        except Exception as exc:
+            raise TypeError(
+                f"init_fn cannot be pickled for the worker processes ({exc}); pass a module-level function, "
+                "a lambda or a functools.partial that holds no lock, socket or open file"
+            ) from exc
         for w in range(n):  # fail on unpicklable factories now, before anything is spawned
             self._spec_bytes(w)
         self._init_lifecycle(
@@ -105,12 +112,13 @@ class MultiCollectorBase(EngineWeights, WorkerCalls, CollectorLifecycle):
             weights=self._own_weights[w],
         )  # fmt: skip
         try:
-            return cloudpickle.dumps(spec)
+            packed = cloudpickle.dumps(spec)
         except Exception as exc:
             raise TypeError(
                 f"the env factory or policy for worker {w} cannot be pickled for the worker process ({exc}); "
                 "pass module-level functions, lambdas or functools.partial objects"
             ) from exc
+        return pack_spec(packed, self._init_fn_bytes)
 
     # -- lifecycle hooks ---------------------------------------------------------------------
     async def _start(self) -> None:

@@ -32,7 +32,7 @@ from ._messages import (
 )
 from ._transport import BUSY, PREEMPT, PROGRESS, STOP, WorkerChannel
 
-__all__ = ["SLOTS", "close_reporting", "report_failure", "run_worker"]
+__all__ = ["SLOTS", "close_reporting", "pack_spec", "report_failure", "run_worker"]
 
 SLOTS = 2  # double buffering: a worker fills one slot while the engine reads the other
 
@@ -42,6 +42,16 @@ SLOTS = 2  # double buffering: a worker fills one slot while the engine reads th
 _FREE_ONE_AT_A_TIME = threading.Lock()
 
 
+def pack_spec(spec: bytes, init_fn: bytes | None) -> bytes:
+    """What a transport hands `run_worker`: the cloudpickled `WorkerSpec`, and ``init_fn`` apart.
+
+    Apart, so the worker calls ``init_fn`` before it unpickles anything else: unpickling the
+    env factory may import modules that only work once ``init_fn`` has run (a simulator's app
+    launcher, a ``sys.path`` entry). A plain tuple of bytes imports nothing when loaded.
+    """
+    return pickle.dumps((init_fn, spec), protocol=pickle.HIGHEST_PROTOCOL)
+
+
 def run_worker(channel: WorkerChannel, spec_bytes: bytes) -> None:
     """Run one worker until it is closed or fails; a failure is sent as `Failed`, never raised."""
     worker: _Worker | None = None
@@ -49,7 +59,10 @@ def run_worker(channel: WorkerChannel, spec_bytes: bytes) -> None:
     try:
         import cloudpickle
 
-        spec: WorkerSpec = cloudpickle.loads(spec_bytes)
+        init_fn, packed = pickle.loads(spec_bytes)
+        if init_fn is not None:
+            cloudpickle.loads(init_fn)()  # TorchRL's init_fn: first, before anything is built
+        spec: WorkerSpec = cloudpickle.loads(packed)
         worker = _Worker(channel, spec)
         if worker.start():
             worker.serve()

@@ -13,6 +13,7 @@ import signal
 import time
 import warnings
 from functools import partial
+from pathlib import Path
 
 import anyio
 import psutil
@@ -184,6 +185,27 @@ async def test_distributed_sync_collector_runs_endlessly_and_stops_fast_on_break
         closed = time.perf_counter() - start
     assert closed < 2.0, f"shutdown took {closed:.2f}s"
     assert c.stats().frames == 4 * 32
+
+
+def mark_process(directory: str) -> None:
+    (Path(directory) / f"init-{os.getpid()}").touch()
+
+
+def marked_processes(directory: Path) -> set[int]:
+    return {int(p.name.split("-")[1]) for p in directory.glob("init-*")}
+
+
+async def test_init_fn_in_collector_kwargs_runs_in_every_worker_of_every_node(tmp_path: Path) -> None:
+    # TorchRL's init_fn belongs to the node's multi-process collector, which forwards it to its workers.
+    with anyio.fail_after(60):
+        async with DistributedCollector(
+            [counting] * 2, None, frames_per_batch=16, total_frames=16, collector_class="sync",
+            num_workers_per_collector=2, collector_kwargs={"init_fn": partial(mark_process, str(tmp_path))}, **kw(),
+        ) as c:  # fmt: skip
+            batches = [b async for b in c]
+    assert len(batches) == 1
+    inits = marked_processes(tmp_path)
+    assert len(inits) == 4 and os.getpid() not in inits  # 2 nodes x 2 workers, each its own process
 
 
 async def test_weight_updates_are_acknowledged_and_used_by_every_node() -> None:
