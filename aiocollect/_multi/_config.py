@@ -126,10 +126,10 @@ def _is_single_collector(value: Any) -> bool:
     blocking = sys.modules.get("aiocollect.blocking")  # imported if the caller could name its class
     if blocking is not None and value is getattr(blocking, "Collector", None):
         return True
-    # TorchRL's own classes (checked without importing torchrl): a script whose import line changed
-    # still passes them. Their subclasses are not these: their overrides would never run.
+    # TorchRL's own class (checked without importing torchrl; 0.14 has no SyncDataCollector): a
+    # script whose import line changed still passes it. Its subclasses' overrides would never run.
     torchrl = sys.modules.get("torchrl.collectors")
-    return torchrl is not None and any(value is getattr(torchrl, k, None) for k in ("Collector", "SyncDataCollector"))
+    return torchrl is not None and value is getattr(torchrl, "Collector", None)
 
 
 def check_collector_class(name: str, value: Any) -> None:
