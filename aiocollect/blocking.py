@@ -18,9 +18,9 @@ from tensordict import TensorDictBase
 from ._buffer import _buffer
 from ._collect import _central, _collector
 from ._collect._blocking_base import DataCollectorBase
-from ._collect._blocking_base import twin_doc as _twin_doc
-from ._collect._blocking_base import twin_init as _twin_init
 from ._collect._dispatch import FrontDoor as _FrontDoor
+from ._collect._twins import twin_doc as _twin_doc
+from ._collect._twins import twin_init as _twin_init
 from ._core._errors import BufferClosedError as _BufferClosedError
 from ._core._errors import WouldBlock as _WouldBlock
 from ._core._portal import Portal as _Portal
@@ -69,7 +69,15 @@ class Collector(DataCollectorBase, metaclass=_FrontDoor, targets="aiocollect.blo
     _async_class = _collector.Collector
 
 
-class MultiSyncCollector(DataCollectorBase):
+class _WorkerProcessTwin(DataCollectorBase):
+    """What the blocking twins of the worker-process collectors add: TorchRL's per-worker queries."""
+
+    def frames_per_batch_worker(self, *, worker_idx: int | None = None) -> int:
+        """Frames each worker is asked for per batch; see the async twin's method."""
+        return int(self._async.frames_per_batch_worker(worker_idx=worker_idx))
+
+
+class MultiSyncCollector(_WorkerProcessTwin):
     """Blocking twin of `aiocollect.MultiSyncCollector` (also exported as ``aiocollect.MultiSyncDataCollector``).
 
     The same collector for plain scripts; the rest is `aiocollect.MultiSyncCollector`'s
@@ -89,7 +97,7 @@ class MultiSyncCollector(DataCollectorBase):
     _async_class = _multi.MultiSyncCollector
 
 
-class MultiAsyncCollector(DataCollectorBase):
+class MultiAsyncCollector(_WorkerProcessTwin):
     """Blocking twin of `aiocollect.MultiAsyncCollector` (also exported as ``aiocollect.MultiaSyncDataCollector``).
 
     The same collector for plain scripts; the rest is `aiocollect.MultiAsyncCollector`'s
@@ -188,7 +196,7 @@ class RPCCollector(DataCollectorBase):
     _async_class = _rpc.RPCCollector
 
 
-class AsyncCollector(DataCollectorBase):
+class AsyncCollector(_WorkerProcessTwin):
     """Blocking twin of `aiocollect.AsyncCollector` (also exported as ``aiocollect.aSyncDataCollector``).
 
     The same collector for plain scripts; the rest is `aiocollect.AsyncCollector`'s

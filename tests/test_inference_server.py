@@ -130,7 +130,8 @@ async def test_tensordict_policy_and_requests() -> None:
     for req, a in zip(requests, answers, strict=True):
         assert isinstance(a, TensorDict) and a.batch_size == torch.Size([])
         with torch.no_grad():
-            assert torch.allclose(a["logits"], module.module(req["observation"]))
+            # The server ran a batch of requests, this one row: BLAS may sum in another order.
+            torch.testing.assert_close(a["logits"], module.module(req["observation"]), rtol=1e-5, atol=1e-5)
         assert set(a.keys()) == {"observation", "logits", "policy_version"}
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 
 from aiocollect._collect._split import split_trajectories
 
@@ -293,3 +293,28 @@ def test_missing_ids_and_done() -> None:
 def test_zero_dim_input() -> None:
     with pytest.raises(ValueError, match=r"^rollout_tensordict must have a batch dim"):
         split_trajectories(TensorDict({"traj_ids": torch.tensor(0)}, []))
+
+
+# -- parts of unequal shapes (workers asked for different frames_per_batch) ----------------------
+def test_a_ragged_stack_splits_as_its_parts_read_in_order() -> None:
+    # Worker 0: 2 envs x 2 steps; worker 1: 2 envs x 5 steps; ids unique across workers.
+    first = _collector_batch(torch.tensor([[0, 0], [2, 2]]))
+    second = _collector_batch(torch.tensor([[1, 1, 1, 3, 3], [5, 5, 5, 5, 5]]))
+    before = [first.clone(), second.clone()]
+    out = split_trajectories(LazyStackedTensorDict.lazy_stack([first, second], 0))
+    for part, copy in zip([first, second], before, strict=True):
+        _assert_same(part, copy)  # the input is left untouched
+    # The same frames as one flat run give the same trajectories.
+    flat = torch.cat([first.reshape(-1), second.reshape(-1)], 0)
+    _assert_same(out, split_trajectories(flat))
+    assert out["collector", "mask"].sum(-1).tolist() == [2, 2, 3, 2, 5]
+
+
+def test_a_ragged_stack_without_ids_numbers_each_parts_rows_apart() -> None:
+    done = [torch.zeros(1, 3, 1, dtype=torch.bool), torch.zeros(2, 2, 1, dtype=torch.bool)]
+    done[1][0, 0] = True
+    parts = [TensorDict({("next", "done"): d, "obs": torch.ones(d.shape[:-1])}, d.shape[:-1]) for d in done]
+    out = split_trajectories(LazyStackedTensorDict.lazy_stack(parts, 0))
+    # Rows: part 0's one row; part 1's row 0 ends an episode after its first step, then row 1.
+    assert out["traj_ids"].tolist() == [[0, 0, 0], [1, 0, 0], [2, 0, 0], [3, 3, 0]]
+    assert out["mask"].sum(-1).tolist() == [3, 1, 1, 2]

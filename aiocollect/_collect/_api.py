@@ -41,6 +41,8 @@ class CollectorAPI:
     _user_rb: Any = None  # the replay buffer as given (a TorchRL buffer, or aiocollect's)
     _total_frames: float
     _frames_per_batch: int
+    # As given to the constructor (set by _init_lifecycle; collectors without the mode keep None).
+    _traj_options: tuple[int | None, str | None, int | None] = (None, None, None)
 
     # -- hooks -----------------------------------------------------------------------------------
     @property
@@ -285,6 +287,43 @@ class CollectorAPI:
     def requested_frames_per_batch(self) -> int:
         """Frames in each batch, across the env batch (and every worker of a synchronous collector)."""
         return int(self._frames_per_batch)
+
+    @property
+    def trajs_per_batch(self) -> int | None:
+        """Complete trajectories per batch (complete-trajectory mode), or ``None``: batches of frames."""
+        return self._traj_options[0]
+
+    @property
+    def traj_format(self) -> str:
+        """How a complete-trajectory batch is laid out: ``"padded"`` (the default) or ``"cat"``."""
+        return self._traj_options[1] or "padded"
+
+    @property
+    def trajs_per_write(self) -> int | None:
+        """Trajectories per replay-buffer ``extend`` in complete-trajectory mode (``None``: all at once)."""
+        return self._traj_options[2]
+
+    def get_model(self, model_id: str) -> Any:
+        """The model that weight updates with ``model_id`` refer to (TorchRL's lookup, in this process).
+
+        Args:
+            model_id: ``"policy"`` (the collection policy), or an attribute path of this
+                collector (``"env.transform[0].module"``), resolved as `get_distant_attr` does.
+
+        Raises:
+            ValueError: ``model_id="policy"`` and the collector holds no policy here (random
+                actions, or workers building theirs with ``policy_factory``).
+            AttributeError: The path does not exist.
+        """
+        if model_id != "policy":
+            return resolve_path(self, model_id)
+        policy = self.policy
+        if policy is None:
+            raise ValueError(
+                f"No policy found for model_id 'policy': {type(self).__name__} holds no policy in this process "
+                "(random actions, or a policy_factory its workers call); pass policy= to have one"
+            )
+        return policy
 
     # -- iteration, TorchRL's way ----------------------------------------------------------------
     async def next(self) -> Any:

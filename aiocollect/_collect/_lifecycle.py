@@ -24,6 +24,7 @@ from .._core._stats import CollectorStats
 from ._api import CollectorAPI
 from ._background import BackgroundMixin
 from ._pipeline import BatchPipeline
+from ._ragged import dense_parts
 from ._trajs import TrajectoryAssembler, check_traj_args
 
 __all__ = ["CollectorLifecycle"]
@@ -49,8 +50,9 @@ class _WorkerTrajectories(TrajectoryAssembler):
 
     def add(self, batch: TensorDictBase) -> None:
         """Cut a ``[*B, T]`` batch into episodes, continuing its workers' unfinished ones."""
-        ids = batch.get(_WORKER_ID, None)
-        source = () if ids is None else tuple(torch.unique(ids).tolist())
+        parts = dense_parts(batch)  # a ragged batch's ids have no common shape: read part by part
+        ids = [part.get(_WORKER_ID, None) for part in parts]
+        source = () if ids[0] is None else tuple(torch.unique(torch.cat([i.flatten() for i in ids])).tolist())
         # The base class keeps unfinished episodes in self._partial, by env row: it gets the
         # rows of this batch's workers.
         self._partial = self._by_source.setdefault(source, {})
@@ -107,6 +109,7 @@ class CollectorLifecycle(CollectorAPI, BackgroundMixin, BatchPipeline):
         self._torchrl_rb = rb if isinstance(rb, TorchRLBufferSink) else None
         self._extend_buffer = extend_buffer
         self._trajs_per_write = trajs_per_write
+        self._traj_options = (trajs_per_batch, traj_format, trajs_per_write)
         per_write = 1 if self._torchrl_rb is not None else trajs_per_write
         self._traj = None if trajs_per_batch is None else _WorkerTrajectories(trajs_per_batch, traj_format, per_write)
         # Raw mode: the collector hands back plain batches, and _next_item turns them into
@@ -282,8 +285,9 @@ class CollectorLifecycle(CollectorAPI, BackgroundMixin, BatchPipeline):
             if raw is None:  # paused before anything was collected, or written to a TorchRL buffer
                 return None
             if self._traj is None:  # extend_buffer=False: each time step's frames are one write
-                for t in range(raw.shape[-1]):
-                    await rb.extend(raw[..., t])
+                for part in dense_parts(raw):  # a ragged batch has no common last dim: part by part
+                    for t in range(part.shape[-1]):
+                        await rb.extend(part[..., t])
                 return None
             self._traj.add(raw)
             if rb is not None:

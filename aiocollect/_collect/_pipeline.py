@@ -17,6 +17,7 @@ import torch
 from tensordict import TensorDictBase
 
 from .._core._threads import to_thread
+from ._ragged import dense_parts
 
 __all__ = ["BatchPipeline"]
 
@@ -102,7 +103,8 @@ class BatchPipeline:
         if post:
             batch = await run(self._post, batch)
         if self._batch_rb is not None:
-            await self._batch_rb.extend(batch)  # batches the workers could not write themselves
+            for part in dense_parts(batch):  # batches the workers could not write themselves
+                await self._batch_rb.extend(part)
             self._count(frames, time.perf_counter() - start)
             return None
         self._count(frames, time.perf_counter() - start)

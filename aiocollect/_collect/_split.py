@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from tensordict import NestedKey, TensorDictBase
 
+from ._ragged import dense_parts, is_ragged
+
 __all__ = ["split_trajectories"]
 
 
@@ -79,18 +81,25 @@ def split_trajectories(
         traj_key = "traj_ids" if prefix is None else (prefix, "traj_ids")
         mask_key = "mask" if prefix is None else (prefix, "mask")
 
-    td = td.copy()  # shallow: new entries never reach the caller's tensordict
-    traj_ids = td.get(traj_key, None)
-    if traj_ids is None:
-        traj_ids = _ids_from_done(td, traj_key, "done" if done_key is None else done_key)
-        td.set(traj_key, traj_ids)
-    # Run lengths of consecutive equal ids: one pass, no Python loop over frames.
-    lengths = traj_ids.reshape(-1).unique_consecutive(return_counts=True)[1]
-    if bool((lengths == td.shape[-1]).all()):
-        td.set(mask_key, torch.ones(td.shape, dtype=torch.bool, device=traj_ids.device))
-        return td.unsqueeze(0) if td.batch_dims == 1 else td
-
-    flat = td.reshape(-1)
+    done_key = "done" if done_key is None else done_key
+    if is_ragged(td):
+        # Parts of unequal shapes (workers asked for different frames_per_batch): frames are
+        # read part by part, each row-major, as a dense stack along dim 0 would be read.
+        flat = _flat_frames(td, traj_key, done_key)
+        traj_ids = flat.get(traj_key)
+        lengths = traj_ids.unique_consecutive(return_counts=True)[1]
+    else:
+        td = td.copy()  # shallow: new entries never reach the caller's tensordict
+        traj_ids = td.get(traj_key, None)
+        if traj_ids is None:
+            traj_ids = _ids_from_done(td, traj_key, done_key)
+            td.set(traj_key, traj_ids)
+        # Run lengths of consecutive equal ids: one pass, no Python loop over frames.
+        lengths = traj_ids.reshape(-1).unique_consecutive(return_counts=True)[1]
+        if bool((lengths == td.shape[-1]).all()):
+            td.set(mask_key, torch.ones(td.shape, dtype=torch.bool, device=traj_ids.device))
+            return td.unsqueeze(0) if td.batch_dims == 1 else td
+        flat = td.reshape(-1)
     n_traj, max_len = lengths.numel(), int(lengths.max())
     if as_nested:
         if isinstance(as_nested, torch.layout) and as_nested != torch.strided:
@@ -115,6 +124,23 @@ def split_trajectories(
     out = flat.apply(pad, batch_size=[n_traj, max_len])
     out.set(mask_key, mask.to(traj_ids.device))
     return out
+
+
+def _flat_frames(td: TensorDictBase, traj_key: NestedKey, done_key: NestedKey) -> TensorDictBase:
+    """A ragged ``td``'s frames as one ``[frames]`` sequence with trajectory ids, part by part.
+
+    Ids derived from the done signal are numbered on from one part to the next, so no two
+    parts share one; ids already there are kept.
+    """
+    flats, first_id = [], 0
+    for part in dense_parts(td):
+        part = part.copy()  # shallow: new entries never reach the caller's tensordict
+        if part.get(traj_key, None) is None:
+            ids = _ids_from_done(part, traj_key, done_key) + first_id
+            part.set(traj_key, ids)
+            first_id = int(ids.max()) + 1 if ids.numel() else first_id
+        flats.append(part.reshape(-1))
+    return torch.cat(flats, 0)
 
 
 def _ids_from_done(td: TensorDictBase, traj_key: NestedKey, done_key: NestedKey) -> torch.Tensor:

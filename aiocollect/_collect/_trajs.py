@@ -17,6 +17,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._core._validate import check_int
+from ._ragged import dense_parts
 
 __all__ = ["TrajectoryAssembler", "check_traj_args"]
 
@@ -56,22 +57,34 @@ class TrajectoryAssembler:
         self._done.clear()
 
     def add(self, batch: TensorDictBase) -> None:
-        """Cut a ``[*B, T]`` batch into episodes; queue the finished ones in completion order."""
-        rows = batch.reshape(-1, batch.shape[-1]) if batch.ndim > 1 else batch.unsqueeze(0)
-        done = rows.get(("next", "done")).reshape(rows.shape)
+        """Cut a ``[*B, T]`` batch into episodes; queue the finished ones in completion order.
+
+        A ragged batch (workers of unequal lengths) is cut part by part, its env rows numbered
+        on from one part to the next.
+        """
         finished: list[tuple[int, int, TensorDictBase]] = []  # (end step, env row, episode)
-        for r in range(rows.shape[0]):
-            ends = torch.nonzero(done[r]).flatten().tolist()
+        first = 0
+        for part in dense_parts(batch):
+            rows = part.reshape(-1, part.shape[-1]) if part.ndim > 1 else part.unsqueeze(0)
+            self._cut(rows, first, finished)
+            first += rows.shape[0]
+        finished.sort(key=lambda item: (item[0], item[1]))
+        self._done.extend(traj for _, _, traj in finished)
+
+    def _cut(self, rows: TensorDictBase, first: int, finished: list[tuple[int, int, TensorDictBase]]) -> None:
+        """Cut ``[R, T]`` rows (env rows ``first`` on) into episodes; collect the finished ones."""
+        done = rows.get(("next", "done")).reshape(rows.shape)
+        for i in range(rows.shape[0]):
+            r = first + i
+            ends = torch.nonzero(done[i]).flatten().tolist()
             start = 0
             for end in ends:
                 pieces = self._partial.pop(r, [])
-                pieces.append(rows[r, start : end + 1])
+                pieces.append(rows[i, start : end + 1])
                 finished.append((end, r, _cat(pieces)))
                 start = end + 1
             if start < rows.shape[1]:
-                self._partial.setdefault(r, []).append(rows[r, start:].clone())
-        finished.sort(key=lambda item: (item[0], item[1]))
-        self._done.extend(traj for _, _, traj in finished)
+                self._partial.setdefault(r, []).append(rows[i, start:].clone())
 
     def ready(self) -> bool:
         """Whether a whole batch of trajectories is queued."""

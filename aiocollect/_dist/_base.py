@@ -19,6 +19,7 @@ import cloudpickle
 import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase
 
+from .._collect._ragged import frame_count
 from .._core._errors import CollectorClosedError
 from .._core._public import fill_args
 from .._core._threads import to_thread
@@ -260,7 +261,7 @@ class NodeCollectorBase(MultiCollectorBase):
         batch = await self._take_one(w)
         await self._after_batch([w])
         self._dispatch_idle_nowait()
-        return await self._deliver(batch, batch.numel(), start, post=self._post_in_parent)
+        return await self._deliver(batch, frame_count(batch), start, post=self._post_in_parent)
 
     async def _every_node(self) -> TensorDictBase | None:
         """One batch from every node (free-running nodes), stacked in node order."""
@@ -292,10 +293,10 @@ class NodeCollectorBase(MultiCollectorBase):
         workers with each worker's: so does this, node by node, in order.
         """
         if self._torchrl_rb is None:
-            return await self._deliver(batch, batch.numel(), start, post=self._post_in_parent)
+            return await self._deliver(batch, frame_count(batch), start, post=self._post_in_parent)
         multi = self._dc.collector_class.__name__ != "Collector"
         parts = [w for node in batch.unbind(0) for w in (node.unbind(0) if multi else (node,))]
-        await self._deliver_parts(parts, batch.numel(), start, post=self._post_in_parent)
+        await self._deliver_parts(parts, frame_count(batch), start, post=self._post_in_parent)
         return None
 
 

@@ -8,6 +8,7 @@ together, in worker order (sync), or whichever worker finishes first (async).
 from __future__ import annotations
 
 import inspect
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase
 
+from .._collect._ragged import frame_count
 from .._collect._weight_sync import WeightUpdates
 from .._core._public import fill_args
 from .._core._threads import to_thread
@@ -68,6 +70,29 @@ class _MultiCollector(WeightUpdates, MultiCollectorBase):
         self._init_multi(mc, policy, replay_buffer, **traj_args)
         for name, hook in hooks.items():  # checked (callable, picklable) before any worker exists
             setattr(self, name, hook)
+
+    def frames_per_batch_worker(self, *, worker_idx: int | None = None) -> int:
+        """Frames each worker is asked for per batch (TorchRL's method).
+
+        `MultiSyncCollector` splits ``frames_per_batch`` across its workers: each is asked for
+        ``ceil(frames_per_batch / num_workers)``, or its own entry of a per-worker list. A
+        `MultiAsyncCollector` (and `AsyncCollector`) asks every worker for a whole batch. A
+        worker rounds what it is asked for up to a multiple of its env batch, as `Collector`
+        does.
+
+        Args:
+            worker_idx: A worker's index, ``0`` to ``num_workers - 1``; ``None``: the even
+                split (TorchRL's answer without an index, a list's entries notwithstanding).
+
+        Raises:
+            ValueError: ``worker_idx`` is not a worker's index.
+        """
+        n = self._num_workers
+        if worker_idx is None:
+            return math.ceil(self._mc.total_fpb / n) if self._sync else self._mc.total_fpb
+        if isinstance(worker_idx, bool) or not isinstance(worker_idx, int) or not 0 <= worker_idx < n:
+            raise ValueError(f"worker_idx must be an int from 0 to {n - 1} (the workers' indices), got {worker_idx!r}")
+        return int(self._mc.worker_cfgs[worker_idx].frames_per_batch)
 
     def _extra_state(self) -> dict[str, Any]:
         return self._worker_states()  # TorchRL's "worker<i>" entries: each worker's version and weights
@@ -211,7 +236,7 @@ class MultiSyncCollector(_MultiCollector):
         batch = await to_thread(self._assemble, [view for _, view in taken])
         for w, (slot, _) in enumerate(taken):
             self._release_slot(w, slot, commit=False)
-        frames = batch.numel() if p is None else int((batch.get(_POLICY_VERSION) >= 0).sum())
+        frames = frame_count(batch, taken_only=p is not None)
         return await self._deliver(batch, frames, start, post=self._post_in_parent)
 
     def _worker_parts(self, views: list[TensorDictBase]) -> list[TensorDictBase]:
@@ -238,6 +263,7 @@ class MultiSyncCollector(_MultiCollector):
             names = [None] * nb + ["time"]
         else:
             dim = int(self._mc.cat)  # type: ignore[arg-type]
+            _check_joinable(parts, dim)
             out = torch.cat(parts, dim)
             if self._mc.preemptive_threshold is not None:
                 # As TorchRL's: a concatenated batch holds only the steps taken (not the -1 padding),
@@ -252,6 +278,24 @@ class MultiSyncCollector(_MultiCollector):
         else:
             out.refine_names(*names)
         return out
+
+
+def _check_joinable(parts: list[TensorDictBase], dim: int) -> None:
+    """Raise, naming the fix, where the workers' batches cannot be concatenated along ``dim``."""
+    shapes = [list(p.shape) for p in parts]
+    nd = len(shapes[0])
+    if not -nd <= dim < nd:
+        raise ValueError(
+            f"cat_results={dim} is not a dim of the workers' batches (shape {shapes[0]}: dims {-nd} to {nd - 1}); "
+            "use cat_results=-1 (the time dim), 0, or 'stack'"
+        )
+    d = dim % nd
+    if any(s[:d] + s[d + 1 :] != shapes[0][:d] + shapes[0][d + 1 :] for s in shapes):
+        raise ValueError(
+            f"cat_results={dim} concatenates the workers' batches along dim {dim}, which needs their other dims to "
+            f"match, got shapes {', '.join(str(s) for s in shapes)} (workers asked for different frames_per_batch, "
+            "or envs with different batch sizes): use cat_results=-1 (the time dim) or 'stack'"
+        )
 
 
 class MultiAsyncCollector(_MultiCollector):

@@ -85,6 +85,18 @@ async def test_sync_gathers_every_nodes_share_with_global_ids(loopback_only) -> 
     assert [c._transport._launcher.exitcode(r) for r in (1, 2)] == [0, 0]
 
 
+async def test_nodes_with_unequal_env_batches_count_every_frame() -> None:
+    # Node 0 steps 1 env, node 1 steps 2: their shares ([1, 4] and [2, 2]) stack lazily, and a
+    # 16-frame budget is 2 batches of 8 frames (a [2, -1, -1] stack's numel() is 2).
+    fns = [partial(CountingEnv, 1, episode_length=7), partial(CountingEnv, 2, episode_length=7)]
+    with anyio.fail_after(60):
+        async with DistributedCollector(fns, frames_per_batch=8, total_frames=16, sync=True, **kw()) as c:
+            batches = [b async for b in c]
+            assert c.stats()["frames"] == 16
+    assert len(batches) == 2
+    assert [[part.batch_size for part in b.tensordicts] for b in batches] == [[(1, 4), (2, 2)]] * 2
+
+
 async def test_set_truncated_and_track_traj_ids_reach_every_node() -> None:
     fns = [partial(counting, 0), partial(counting, 10)]
     with anyio.fail_after(60):
