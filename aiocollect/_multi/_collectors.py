@@ -119,7 +119,9 @@ _ARGS_DOC = """
         policy_factory: Builds the policy inside each worker (one, or one per worker).
         frames_per_batch: Frames per batch; an int or one per worker (`MultiSyncCollector`:
             each worker collects its entry; `MultiAsyncCollector`: every batch has the list's
-            sum, as in TorchRL).
+            sum, as in TorchRL). Unequal entries give `MultiSyncCollector` parts of unequal
+            shapes, stacked lazily as in TorchRL (a ``LazyStackedTensorDict`` of batch size
+            ``[num_workers, *env_batch, -1]``), whose every frame counts and is stored.
         cat_results: ``"stack"`` (default) or a dim to concatenate worker batches along
             (`MultiSyncCollector` only; `MultiAsyncCollector` takes ``None`` or ``"stack"``,
             TorchRL's default, and yields each worker's batch whole).
