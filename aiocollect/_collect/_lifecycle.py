@@ -108,8 +108,7 @@ class CollectorLifecycle(CollectorAPI, BackgroundMixin, BatchPipeline):
         # which regroups finished trajectories itself: the assembler hands them over one by one.
         self._torchrl_rb = rb if isinstance(rb, TorchRLBufferSink) else None
         self._extend_buffer = extend_buffer
-        self._trajs_per_write = trajs_per_write
-        self._traj_options = (trajs_per_batch, traj_format, trajs_per_write)
+        self._traj_options = (trajs_per_batch, traj_format, trajs_per_write)  # as given (TorchRL's attributes)
         per_write = 1 if self._torchrl_rb is not None else trajs_per_write
         self._traj = None if trajs_per_batch is None else _WorkerTrajectories(trajs_per_batch, traj_format, per_write)
         # Raw mode: the collector hands back plain batches, and _next_item turns them into

@@ -30,7 +30,7 @@ class BatchPipeline:
     _torchrl_rb: Any  # a TorchRLBufferSink, or None
     _traj: Any  # a TrajectoryAssembler handing finished trajectories over one by one, or None
     _extend_buffer: bool
-    _trajs_per_write: int | None
+    _traj_options: tuple[int | None, str | None, int | None]  # trajs_per_batch, traj_format, trajs_per_write
     _frames: int
     _batches: int
     _hidden: tuple[Any, ...] = ()  # columns kept for the collector, left out of delivered batches
@@ -128,7 +128,7 @@ class BatchPipeline:
             if self._traj is not None:
                 self._traj.add(part)
                 trajs = self._traj.pop_writes()  # one finished trajectory each
-                k = self._trajs_per_write or max(1, len(trajs))
+                k = self._traj_options[2] or max(1, len(trajs))
                 groups = [trajs[i : i + k] for i in range(0, len(trajs), k)]
                 await rb.extend_each([g[0] if len(g) == 1 else torch.cat(g, 0) for g in groups])
             elif self._extend_buffer:
