@@ -96,6 +96,23 @@ def test_detects_leaked_child_process() -> None:
     check_no_leaks(before, wait_for_no_leaks(before, timeout=5.0))
 
 
+def test_still_running_lists_live_processes_and_tolerates_gone_and_zombie_ones() -> None:
+    def spawn(code: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL)
+
+    live, zombie, gone = spawn("import time; time.sleep(60)"), spawn("pass"), spawn("pass")
+    try:
+        gone.wait(timeout=30)
+        os.waitid(os.P_PID, zombie.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped: a zombie
+        assert psutil.Process(zombie.pid).status() == psutil.STATUS_ZOMBIE
+        assert _leaks.still_running([gone.pid, zombie.pid, live.pid], 0.5) == [live.pid]
+    finally:
+        live.kill()
+        for p in (live, zombie):
+            p.wait(timeout=10)
+    assert _leaks.still_running([live.pid], 5.0) == []
+
+
 def test_a_child_that_was_there_before_is_not_new_when_the_boot_time_moves(monkeypatch: pytest.MonkeyPatch) -> None:
     # Linux recomputes /proc/stat's boot time from the wall clock: a slewed clock moves it by a
     # second now and then. psutil's create_time() moves with it; the leak checks' keys must not,

@@ -46,10 +46,16 @@ def main(total):
             return [sorted(set(b["collector", "worker_id"].flatten().tolist())) async for b in c]
     return anyio.run(run)
 
+def running(p):
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:  # it exited between children() and status()
+        return False
+
 def left():
     deadline = time.monotonic() + 10
     while True:
-        procs = [p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+        procs = [p.pid for p in psutil.Process().children(recursive=True) if running(p)]
         if not procs or time.monotonic() > deadline:
             return procs
         time.sleep(0.1)

@@ -41,11 +41,16 @@ def make(kind, own_ray):
     return DistributedCollector([env] * 2, None, frames_per_batch=10, total_frames=20, launcher="ray",
                                 remote_configs={"num_cpus": 0.5}, **extra)
 
+def running(p):
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:  # it exited between children() and status()
+        return False
+
 def ray_left():
     deadline = time.monotonic() + 10
     while True:
-        left = [p.pid for p in psutil.Process().children(recursive=True) if p.is_running()
-                and p.status() != psutil.STATUS_ZOMBIE]
+        left = [p.pid for p in psutil.Process().children(recursive=True) if running(p)]
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.1)
