@@ -22,24 +22,20 @@ from .._core._stats import BufferStats
 from .._core._threads import to_thread
 from .._core._validate import check_int
 from ._buffer_io import BufferPersistence
+from ._extend import INLINE_BYTES, ExtendMixin
 from ._inspect import InspectMixin
 from ._ratelimit import RateLimiter
-from ._reservations import Reservation, ReservationsMixin
+from ._reservations import Reservation
 from ._samplers import SampleContext, make_sampler
-from ._storage import Storage, frame_layout, make_storage
+from ._storage import Storage, make_storage
 from ._writers import Writers, WritersMixin, check_timeout
 
 __all__ = ["ReplayBuffer", "Reservation"]
 
-_INLINE_BYTES = 16 << 20  # copies above this size (several ms) run in a worker thread, off the loop
 _POLICY_VERSION = ("collector", "policy_version")
 
 
-def _leaves(td: TensorDictBase) -> Any:
-    return td.items(include_nested=True, leaves_only=True)
-
-
-class ReplayBuffer(ReservationsMixin, InspectMixin, BufferPersistence, WritersMixin):
+class ReplayBuffer(ExtendMixin, InspectMixin, BufferPersistence, WritersMixin):
     """A replay buffer whose writers and readers ``await`` each other instead of polling.
 
     Frames live in a preallocated ring (`MemoryStorage` by default, `SharedMemoryStorage`
@@ -202,90 +198,6 @@ class ReplayBuffer(ReservationsMixin, InspectMixin, BufferPersistence, WritersMi
         """Wait for ``predicate``; return the seconds spent blocked on it (0.0 if it held at once)."""
         return await self._notifier.wait_until(predicate)
 
-    # -- writing -------------------------------------------------------------------------------
-    def _frames_of(self, td: TensorDictBase) -> tuple[int, tuple[int, ...], int]:
-        """(frame count, batch shape, batch dims) of a batch; checks the storage's ndim rule."""
-        if not isinstance(td, TensorDictBase):
-            raise TypeError(f"extend() takes a TensorDict, got {type(td).__name__}")
-        dims = td.batch_dims
-        if self.storage.ndim == 2:
-            if dims < 1:
-                raise ValueError(
-                    "an ndim=2 buffer stores [..., time] rollouts; extend with a batch that has a time dim"
-                )
-            row = self.storage.row_length
-            if row is not None and td.shape[-1] != row:
-                raise ValueError(
-                    f"this ndim=2 buffer stores rows of {row} steps, got a batch with {td.shape[-1]}; "
-                    "extend with the same time length each time (or use ndim=1)"
-                )
-        return td.numel(), tuple(td.batch_size), dims
-
-    def build(self, layout: Any, row_length: int) -> None:
-        """Allocate the storage for frames of ``layout`` (done by the first `extend` otherwise)."""
-        with self._lock:
-            if self.storage.built:
-                return
-            self.storage.build(self.capacity, layout, row_length)
-            self._frame_nbytes = sum(t[0].numel() * t.element_size() for t in self.storage.tensors.values())
-            self._valid = torch.zeros(self.storage.capacity, dtype=torch.bool)
-            self.sampler.reset(self.storage.capacity)
-
-    def extend_nowait(self, td: TensorDictBase) -> torch.Tensor:
-        """`extend` without waiting (safe from any thread); the copy runs in the calling thread.
-
-        Raises:
-            WouldBlock: The rate limiter (or writers holding the whole ring) says wait.
-        """
-        self._raise_if_unusable()
-        n, shape, dims = self._frames_of(td)
-        if not self.storage.built:
-            self.build(frame_layout(td, dims), shape[-1] if dims else 1)
-        self.storage.check(td, dims)
-        res = self.try_reserve(n, shape)
-        if res is None:
-            raise WouldBlock("extend_nowait() would wait: the learner is behind samples_per_insert; await extend()")
-        try:
-            self.storage.write(res.pieces, {k: v.reshape(n, *v.shape[dims:]) for k, v in _leaves(td)})
-        except BaseException:
-            self.abort(res)
-            raise
-        self.commit(res)
-        return res.index
-
-    async def extend(self, td: TensorDictBase) -> torch.Tensor:
-        """Append a batch (any batch shape; frames are stored in row-major order).
-
-        Waits while the rate limiter says the learner is behind, or while writers in flight
-        hold the whole ring.
-
-        Args:
-            td: A TensorDict of frames. The first call fixes the keys, shapes and dtypes.
-
-        Returns:
-            The ring indices the frames were written to.
-
-        Raises:
-            ValueError: The batch does not match the stored layout, or exceeds the capacity.
-        """
-        self._raise_if_unusable()
-        n, shape, dims = self._frames_of(td)
-        if not self.storage.built:
-            self.build(frame_layout(td, dims), shape[-1] if dims else 1)
-        self.storage.check(td, dims)
-        res = await self.reserve(n, shape)
-        try:
-            flat = {k: v.reshape(n, *v.shape[dims:]) for k, v in _leaves(td)}
-            if n * self._frame_nbytes > _INLINE_BYTES:
-                await to_thread(self.storage.write, res.pieces, flat)
-            else:
-                self.storage.write(res.pieces, flat)
-        except BaseException:
-            self.abort(res)
-            raise
-        self.commit(res)
-        return res.index
-
     # -- sampling ------------------------------------------------------------------------------
     def _batch_size(self, batch_size: int | None) -> int:
         bs = self.batch_size if batch_size is None else batch_size
@@ -376,7 +288,7 @@ class ReplayBuffer(ReservationsMixin, InspectMixin, BufferPersistence, WritersMi
                 self._sample_wait += waited
                 written = self._written
             try:
-                if bs * self._frame_nbytes > _INLINE_BYTES:
+                if bs * self._frame_nbytes > INLINE_BYTES:
                     # Shielded: a sample taken in the thread and then abandoned would be lost.
                     with anyio.CancelScope(shield=True):
                         td = await to_thread(self._sample_now, bs)

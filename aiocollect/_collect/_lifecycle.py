@@ -20,11 +20,11 @@ from tensordict import TensorDictBase
 
 from .._buffer._torchrl import TorchRLBufferSink
 from .._core._errors import CollectorClosedError, note_once
+from .._core._ragged import dense_parts
 from .._core._stats import CollectorStats
 from ._api import CollectorAPI
 from ._background import BackgroundMixin
 from ._pipeline import BatchPipeline
-from ._ragged import dense_parts
 from ._trajs import TrajectoryAssembler, check_traj_args
 
 __all__ = ["CollectorLifecycle"]

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
+from .._core._ragged import dense_parts
 from .._core._threads import to_thread
-from ._ragged import dense_parts
 
 __all__ = ["BatchPipeline"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from tensordict import NestedKey, TensorDictBase
 
-from ._ragged import dense_parts, is_ragged
+from .._core._ragged import dense_parts, is_ragged
 
 __all__ = ["split_trajectories"]
 

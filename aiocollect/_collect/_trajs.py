@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from .._core._ragged import dense_parts
 from .._core._validate import check_int
-from ._ragged import dense_parts
 
 __all__ = ["TrajectoryAssembler", "check_traj_args"]
 

@@ -19,9 +19,9 @@ import cloudpickle
 import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase
 
-from .._collect._ragged import frame_count
 from .._core._errors import CollectorClosedError
 from .._core._public import fill_args
+from .._core._ragged import frame_count
 from .._core._threads import to_thread
 from .._multi._engine import MultiCollectorBase
 from .._rollout._policy import NO_ROUTE

@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase
 
-from .._collect._ragged import frame_count
 from .._collect._weight_sync import WeightUpdates
 from .._core._public import fill_args
+from .._core._ragged import frame_count
 from .._core._threads import to_thread
 from ._config import collector_options, multi_signature, resolve_multi_config
 from ._engine import MultiCollectorBase

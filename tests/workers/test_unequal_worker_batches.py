@@ -8,7 +8,7 @@ import torch
 from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 
 from aiocollect import MultiSyncCollector, ReplayBuffer
-from aiocollect._collect._ragged import frame_count
+from aiocollect._core._ragged import frame_count
 from aiocollect.testing import CountingEnv
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
@@ -143,5 +143,25 @@ async def test_per_worker_frames_write_whole_trajectories_to_a_buffer(backend: s
                     pass
         steps = rb.storage.tensors["observation"][: rb.write_count, 2].tolist()
         assert steps and steps == [0.0, 1.0, 2.0] * (len(steps) // 3)  # whole episodes, one after another
+    finally:
+        await rb.aclose()
+
+
+async def test_the_users_own_buffer_takes_the_ragged_batches(backend: str) -> None:
+    # A trainer that extends its buffer with each batch, as TorchRL scripts do.
+    rb = ReplayBuffer(1000)
+    try:
+        with anyio.fail_after(60):
+            async with MultiSyncCollector(counting, num_workers=2, frames_per_batch=[4, 12], total_frames=32,
+                                          backend=backend) as c:  # fmt: skip
+                async for batch in c:
+                    await rb.extend(batch)
+        assert len(rb) == c.stats()["frames"] == 32
+        stored = rb[:]
+        seen = {
+            tuple(row)
+            for row in torch.cat([stored["collector", "worker_id"][:, None], stored["observation"].long()], 1).tolist()
+        }
+        assert len(seen) == 32  # every (worker, env, episode, step) once
     finally:
         await rb.aclose()

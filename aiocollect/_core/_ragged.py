@@ -10,9 +10,10 @@ part, in order, as a dense stack along dim 0 would be read.
 
 from __future__ import annotations
 
+import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase
 
-__all__ = ["dense_parts", "frame_count", "is_ragged"]
+__all__ = ["dense_parts", "frame_count", "is_ragged", "joined_frames"]
 
 _VERSION = ("collector", "policy_version")
 
@@ -41,3 +42,26 @@ def frame_count(batch: TensorDictBase, *, taken_only: bool = False) -> int:
     if taken_only:
         return sum(int((part.get(_VERSION) >= 0).sum()) for part in dense_parts(batch))
     return sum(int(part.numel()) for part in dense_parts(batch))
+
+
+def joined_frames(batch: TensorDictBase, *, rows: bool) -> TensorDictBase:
+    """A ragged batch's frames as one dense batch, in the order `dense_parts` reads them.
+
+    ``rows=False`` gives ``[n_frames]``; ``rows=True`` keeps each part's last (time) dim and
+    gives ``[n_rows, T]``, which needs every part to have the same ``T``.
+
+    Raises:
+        ValueError: ``rows=True`` and the parts' time lengths differ (or a part has no dims).
+    """
+    # A part may itself be a (dense) lazy stack, whose reshape stays lazy: make each dense.
+    parts = [part.contiguous() if isinstance(part, LazyStackedTensorDict) else part for part in dense_parts(batch)]
+    if not rows:
+        return torch.cat([part.reshape(-1) for part in parts], 0)
+    lengths = sorted({part.shape[-1] if part.batch_dims else 0 for part in parts})
+    if len(lengths) > 1 or lengths == [0]:
+        shapes = [list(part.shape) for part in parts]
+        raise ValueError(
+            f"rows of one time length cannot hold the parts of this ragged batch (shapes {shapes}); "
+            "extend with one part at a time, or store frames (ndim=1)"
+        )
+    return torch.cat([part.reshape(-1, lengths[0]) for part in parts], 0)
