@@ -387,6 +387,20 @@ def test_bad_weight_sync_arguments_fail_at_construction(cls: type) -> None:
         cls(env, BiasedPolicy(), weight_updater=3, **kw)
 
 
+@pytest.mark.parametrize("cls", [Collector, MultiSyncCollector, MultiAsyncCollector, blocking.MultiSyncCollector])
+def test_weight_recv_schemes_is_taken_as_none_and_refused_otherwise(cls: type) -> None:
+    # TorchRL's receivers of weights from a parent process: nothing here would drive them.
+    kw: dict[str, Any] = {"frames_per_batch": 8} if cls is Collector else {"num_workers": 2, "frames_per_batch": 8}
+    with pytest.raises(
+        NotImplementedError,
+        match=rf"^{cls.__name__} cannot take weight_recv_schemes=\{{'policy': .*SharedMemWeightSyncScheme.*\}}: "
+        r"receiving weights from a parent process needs TorchRL's scheme receivers",
+    ):
+        cls(env, BiasedPolicy(), weight_recv_schemes={"policy": schemes.SharedMemWeightSyncScheme()}, **kw)
+    if cls is not blocking.MultiSyncCollector:  # the blocking twin would start its workers
+        assert cls(env, BiasedPolicy(), weight_recv_schemes=None, **kw).policy_version == 0
+
+
 def test_weight_updater_is_refused_by_worker_collectors() -> None:
     with pytest.raises(NotImplementedError, match=r"^MultiAsyncCollector cannot drive weight_updater="):
         MultiAsyncCollector(env, BiasedPolicy(), num_workers=2, frames_per_batch=8, weight_updater=recording_updater())

@@ -30,7 +30,7 @@ from ._batches import InProcessBatches
 from ._dispatch import FrontDoor
 from ._inplace import InPlaceWatch
 from ._lifecycle import CollectorLifecycle
-from ._weight_sync import WeightUpdate, WeightUpdates
+from ._weight_sync import WeightUpdate, WeightUpdates, check_recv_schemes
 
 __all__ = ["Collector"]
 
@@ -153,6 +153,9 @@ class Collector(
         weight_sync_schemes: TorchRL's ``{"policy": scheme}``: shared-memory or multiprocess schemes
             load the weights; ``NoWeightSyncScheme`` ignores updates (see `update_policy_weights_`).
         weight_updater: TorchRL's deprecated ``WeightUpdaterBase``, which then pushes the weights.
+        weight_recv_schemes: ``None`` only (``NotImplementedError`` otherwise): TorchRL's
+            receivers of weights from a parent process; aiocollect's collectors take weights
+            from `update_policy_weights_`.
 
     Raises:
         TypeError: An argument has the wrong type (raised before any env is built).
@@ -212,6 +215,7 @@ class Collector(
         worker_idx: int | None = None,
         weight_sync_schemes: dict[str, Any] | None = None,
         weight_updater: Any = None,
+        weight_recv_schemes: dict[str, Any] | None = None,
     ) -> None:
         if policy_factory is not None:
             if policy is not None:
@@ -244,6 +248,7 @@ class Collector(
         self._same_out: Any = None  # return_same_td: the batch storage handed out every time
         self._policy = PolicyAdapter(policy, policy_device=cfg.policy_device, exploration_type=cfg.exploration_type)
         self._init_weight_sync("Collector", weight_sync_schemes, weight_updater, workers=False)
+        check_recv_schemes("Collector", weight_recv_schemes)
         adapter, sync = self._policy, self._weight_sync
         if adapter.policy is not adapter.original and policy_factory is None:
             # It collects with a copy on policy_device: training the original in place does not reach it.

@@ -14,9 +14,17 @@ known scheme is mapped onto aiocollect's transport, keeping what it promises:
   middle of a batch. Weights for one worker alone, a ``worker_ids`` subset, and collectors
   whose policy exists only in the workers (``policy_factory`` without ``policy``) send a
   packed copy through each worker's command channel instead.
+* The node collectors' own schemes (``RayWeightSyncScheme`` for `RayCollector`,
+  ``RPCWeightSyncScheme`` for `RPCCollector`, ``DistributedWeightSyncScheme`` for the
+  torch.distributed ones): the weights reach every node over the node transport, and each
+  node acknowledges (``DistributedWeightSyncScheme(sync=False)``: not waited for).
 * ``NoWeightSyncScheme``: updates of that model do nothing.
-* Any other scheme (Ray, RPC, torch.distributed, or one of the user's) moves weights over a
-  channel aiocollect does not have: ``NotImplementedError`` at construction.
+* Any other scheme (another collector kind's, or one of the user's) moves weights over a
+  channel this collector does not have: ``NotImplementedError`` at construction.
+
+``weight_recv_schemes`` (a TorchRL collector receiving weights from a parent process) is
+refused unless ``None``: aiocollect's collectors take weights only from their own
+``update_policy_weights_``.
 """
 
 from __future__ import annotations
@@ -31,11 +39,13 @@ from .._rollout._policy import NO_ROUTE
 
 __all__ = [
     "DEFAULT_SYNC",
+    "LOCAL_SCHEMES",
     "NO_ROUTE",
     "WeightSync",
     "WeightSyncAPI",
     "WeightUpdate",
     "WeightUpdates",
+    "check_recv_schemes",
     "parse_update",
     "resolve_weight_sync",
 ]
@@ -74,15 +84,23 @@ def _torchrl_class(module: str, name: str) -> Any:
     return getattr(mod, name, None)
 
 
-def resolve_weight_sync(owner: str, schemes: Any, updater: Any, *, workers: bool) -> WeightSync:
+#: The TorchRL schemes a collector whose workers run on this machine honours.
+LOCAL_SCHEMES = ("SharedMemWeightSyncScheme", "MultiProcessWeightSyncScheme")
+
+
+def resolve_weight_sync(
+    owner: str, schemes: Any, updater: Any, *, workers: bool, honoured: tuple[str, ...] = LOCAL_SCHEMES
+) -> WeightSync:
     """Check ``weight_sync_schemes`` and ``weight_updater`` (before anything starts).
 
     ``workers``: the collector runs worker processes (a ``weight_updater`` cannot reach them).
+    ``honoured``: the names of the ``torchrl.weight_update`` schemes the collector's
+    transport honours (besides ``NoWeightSyncScheme``).
     """
     if schemes is not None and updater is not None:
         raise TypeError(f"{owner}() takes weight_sync_schemes or weight_updater, not both; drop weight_updater")
     if updater is not None:
-        return WeightSync(True, True, None, _check_updater(owner, updater, workers=workers))
+        return WeightSync(True, True, None, _check_updater(owner, updater, workers=workers, suggest=honoured[-1]))
     if schemes is None:
         return DEFAULT_SYNC
     if not isinstance(schemes, Mapping):
@@ -102,20 +120,30 @@ def resolve_weight_sync(owner: str, schemes: Any, updater: Any, *, workers: bool
             f"weight_sync_schemes['policy'] must be a TorchRL WeightSyncScheme (e.g. SharedMemWeightSyncScheme()), "
             f"got {scheme!r}"
         )
-    from torchrl.weight_update import MultiProcessWeightSyncScheme, NoWeightSyncScheme, SharedMemWeightSyncScheme
+    import torchrl.weight_update as schemes_module
 
-    if isinstance(scheme, NoWeightSyncScheme):
+    if isinstance(scheme, schemes_module.NoWeightSyncScheme):
         return WeightSync(False, True, dict(schemes))
-    if type(scheme) not in (SharedMemWeightSyncScheme, MultiProcessWeightSyncScheme):
+    if type(scheme) not in tuple(getattr(schemes_module, name) for name in honoured):
+        choices = ", ".join(f"{name}()" for name in honoured)
         raise NotImplementedError(
-            f"weight_sync_schemes['policy'] is a {type(scheme).__name__}, whose transport {owner} cannot honour: "
-            "aiocollect syncs its own workers; pass SharedMemWeightSyncScheme(), MultiProcessWeightSyncScheme() "
-            "or NoWeightSyncScheme() (or none)"
+            f"weight_sync_schemes['policy'] is a {type(scheme).__name__}, whose transport {owner} cannot honour; "
+            f"pass {choices} or NoWeightSyncScheme() (or none)"
         )
     return WeightSync(True, bool(getattr(scheme, "sync", True)), dict(schemes))
 
 
-def _check_updater(owner: str, updater: Any, *, workers: bool) -> Any:
+def check_recv_schemes(owner: str, schemes: Any) -> None:
+    """Refuse TorchRL's ``weight_recv_schemes`` (only ``None`` is accepted), before anything starts."""
+    if schemes is not None:
+        raise NotImplementedError(
+            f"{owner} cannot take weight_recv_schemes={schemes!r}: receiving weights from a parent process needs "
+            "TorchRL's scheme receivers, which aiocollect's collectors do not run; drop it and send weights with "
+            "update_policy_weights_()"
+        )
+
+
+def _check_updater(owner: str, updater: Any, *, workers: bool, suggest: str) -> Any:
     base = _torchrl_class(_UPDATERS, "WeightUpdaterBase")
     is_class = isinstance(updater, type) and base is not None and issubclass(updater, base)
     if base is None or not (is_class or isinstance(updater, base) or callable(updater)):
@@ -124,7 +152,7 @@ def _check_updater(owner: str, updater: Any, *, workers: bool) -> Any:
         raise NotImplementedError(
             f"{owner} cannot drive weight_updater= (TorchRL's deprecated WeightUpdaterBase): its push reaches "
             "TorchRL's worker pipes, which aiocollect's workers do not have; drop it (update_policy_weights_() "
-            "syncs every worker) or pass weight_sync_schemes={'policy': MultiProcessWeightSyncScheme()}"
+            f"syncs every worker) or pass weight_sync_schemes={{'policy': {suggest}()}}"
         )
     if not isinstance(updater, base):
         updater = updater()  # TorchRL's rule: a constructor is called with no argument
@@ -256,19 +284,19 @@ class WeightSyncAPI:
     @property
     def _weight_sync_schemes(self) -> dict[str, Any] | None:
         # TorchRL's attribute, read by code written for its collectors: the schemes as given, or
-        # TorchRL's default for a module policy synced by worker processes.
-        sync = self._weight_sync
-        if sync.schemes is not None or not self._default_scheme():
+        # the scheme TorchRL gives such a collector by default.
+        sync, default = self._weight_sync, self._default_scheme()
+        if sync.schemes is not None or default is None:
             return sync.schemes
-        cls = _torchrl_class("torchrl.weight_update._shared", "SharedMemWeightSyncScheme")
+        cls = _torchrl_class("torchrl.weight_update", default)
         if cls is None:
             return None
         self._weight_sync = WeightSync(sync.enabled, sync.wait, {"policy": cls()}, sync.updater)
         return self._weight_sync.schemes
 
-    def _default_scheme(self) -> bool:
-        """Whether TorchRL would give this collector a default scheme (a module policy, worker processes)."""
-        return False
+    def _default_scheme(self) -> str | None:
+        """The ``torchrl.weight_update`` scheme TorchRL gives this collector by default (``None``: none)."""
+        return None
 
 
 class WeightUpdates(WeightSyncAPI):

@@ -19,6 +19,7 @@ import cloudpickle
 import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase
 
+from .._collect._weight_sync import parse_update
 from .._core._errors import CollectorClosedError
 from .._core._public import fill_args
 from .._core._ragged import frame_count
@@ -60,6 +61,17 @@ set_truncated: Mark the last step of each node's batches as truncated (the env i
     reset); passed on to every node.
 track_traj_ids: Write ``("collector", "traj_ids")`` (unique across nodes); passed on to
     every node. ``split_trajs`` needs it True.
+weight_sync_schemes: TorchRL's ``{"policy": scheme}``. The scheme of this kind of
+    collector (``RayWeightSyncScheme`` for `RayCollector`, ``RPCWeightSyncScheme`` for
+    `RPCCollector`, ``DistributedWeightSyncScheme`` for the torch.distributed ones) is
+    honoured by aiocollect's node transport, as if none was given
+    (``DistributedWeightSyncScheme(sync=False)``: `update_policy_weights_` does not wait for
+    acknowledgements); ``NoWeightSyncScheme`` makes updates do nothing; any other scheme
+    raises ``NotImplementedError``.
+weight_updater: Not supported (``NotImplementedError``): TorchRL's ``WeightUpdaterBase``
+    pushes through TorchRL's own node handles.
+weight_recv_schemes: ``None`` only (``NotImplementedError`` otherwise): nodes take weights
+    from this collector's `update_policy_weights_`, not from a parent process.
 """
 
 
@@ -71,6 +83,7 @@ class NodeCollectorBase(MultiCollectorBase):
     _worker_noun = "nodes"
     _auto_push_arg = "update_after_each_batch"
     _restart_arg = "restart_nodes"
+    _native_scheme = "DistributedWeightSyncScheme"  # TorchRL's weight-sync scheme of this kind of collector
 
     def _init_nodes(
         self,
@@ -87,7 +100,7 @@ class NodeCollectorBase(MultiCollectorBase):
         dc = self._dc = resolve_dist_config(
             type(self).__name__, create_env_fn=create_env_fn, policy=policy, transport=transport,
             transport_options=transport_options, gather=self._gather, on_demand=self._asked,
-            restart_workers=restart_nodes, **common,
+            restart_workers=restart_nodes, native_scheme=self._native_scheme, **common,
         )  # fmt: skip
         self._since_update = [0] * dc.mc.num_workers  # batches each node delivered since it was sent weights
         self._yielded = 0
@@ -130,19 +143,39 @@ class NodeCollectorBase(MultiCollectorBase):
         raise self._unsupported(what)
 
     # -- weights -----------------------------------------------------------------------------
-    async def update_policy_weights_(self, policy_or_weights: Any = None, *, weights: Any = None) -> None:
-        """Send new weights to every live node and wait until each node between batches applied them.
+    async def update_policy_weights_(
+        self,
+        policy_or_weights: Any = None,
+        *,
+        weights: Any = None,
+        policy: Any = None,
+        worker_ids: Any = None,
+        model_id: str | None = None,
+        weights_dict: dict[str, Any] | None = None,
+    ) -> None:
+        """Send new weights to the live nodes and wait until each node between batches applied them.
 
         Each node applies them between batches, so no batch mixes two versions, and records
         the version it collected with in ``("collector", "policy_version")``. A node in the
-        middle of a batch applies them before its next one; the call does not wait for it.
+        middle of a batch applies them before its next one; the call does not wait for it
+        (nor for any node, with ``DistributedWeightSyncScheme(sync=False)``). With
+        ``NoWeightSyncScheme`` the call does nothing.
 
         Args:
             policy_or_weights: An ``nn.Module``, a state dict or a TensorDict of weights;
                 ``None`` reads the ``policy`` passed to the constructor.
             weights: Same as ``policy_or_weights`` (TorchRL's keyword).
+            policy: An ``nn.Module`` to take the weights from (TorchRL's keyword).
+            worker_ids: Update only these nodes (an index or a list of them); the others keep
+                their weights. A node restarted later starts from the newest weights sent.
+            model_id: The model to update: ``"policy"`` (the default, and the only one synced).
+            weights_dict: ``{model_id: weights}``, instead of ``model_id`` and the weights.
 
         Raises:
+            ValueError: Conflicting forms (two weight sources, ``weights_dict`` with
+                ``model_id``...), or ``{node: weights}`` (nodes share one set of weights per
+                update: send each its own with ``worker_ids=``).
+            KeyError: ``model_id`` names a model the collector does not sync.
             RuntimeError: No argument, and no ``nn.Module`` policy to read weights from (TorchRL's
                 "No weight updater" error).
             TypeError: Explicit weights, and no ``nn.Module`` policy to take their layout from.
@@ -151,11 +184,23 @@ class NodeCollectorBase(MultiCollectorBase):
         """
         if self._closed:
             raise CollectorClosedError(f"this {type(self).__name__} was shut down; create a new one")
-        source = self._weights_argument(policy_or_weights, weights)
+        update = parse_update(
+            self._weight_sync, self._num_workers, policy_or_weights, weights=weights, policy=policy,
+            worker_ids=worker_ids, model_id=model_id, weights_dict=weights_dict,
+        )  # fmt: skip
+        if update is None:
+            return  # NoWeightSyncScheme, or an empty weights_dict
+        if update.per_worker is not None:
+            raise ValueError(
+                f"{type(self).__name__} sends one set of weights per update, got weights for nodes "
+                f"{sorted(update.per_worker)}: call update_policy_weights_(weights, worker_ids=node) for each"
+            )
+        source = update.source
         if self._weights_layout is None:
             self._no_weights_layout(source)
         self._weights_sent()
         state = state_of(self._weights_layout, self._policy if source is None else source)
+        nodes = list(range(self._num_workers)) if update.workers is None else list(update.workers)
         async with self._update_lock or anyio.Lock():
             # Each version is its own buffer in the transport: no node can read a torn mix of
             # two, so there is no need to wait for the previous update first.
@@ -163,9 +208,27 @@ class NodeCollectorBase(MultiCollectorBase):
             self._version += 1
             if self._rb is not None:
                 self._rb.policy_version = self._version
-            self._since_update = [0] * self._num_workers
+            for w in nodes:
+                self._since_update[w] = 0
             if self._started and self._pump is not None:
-                await self._await_acks(self._version)
+                await self._send_to_nodes(nodes, self._version, wait=self._weight_sync.wait)
+
+    async def _send_to_nodes(self, nodes: list[int], version: int, *, wait: bool) -> None:
+        """Send ``version`` to the live ``nodes`` behind it; with ``wait``, wait for those between batches."""
+        pump = self._pump
+        assert pump is not None
+        live = [w for w in nodes if pump.alive[w]]
+        idle = [w for w in live if self._between_batches(w)]
+        for w in live:
+            self._targets[w] = max(self._targets[w], version)
+            if pump.acked[w] < version:
+                self._mark_busy(w)
+                self._transport.send(w, ApplyWeights(version))  # type: ignore[union-attr]
+        if wait:
+            await self._await_targets(idle)
+
+    def _default_scheme(self) -> str | None:
+        return self._native_scheme  # TorchRL's node collectors default to their own scheme, whatever the policy
 
     def _no_weights_layout(self, source: Any) -> NoReturn:
         # Nodes receive weights into buffers laid out once, when they start, from policy=.
@@ -181,7 +244,7 @@ class NodeCollectorBase(MultiCollectorBase):
 
     async def _push_weights(self, nodes: list[int]) -> None:
         """Send the policy's current weights to ``nodes`` without waiting for them."""
-        if self._weights_layout is None or self._pump is None:
+        if self._weights_layout is None or self._pump is None or not self._weight_sync.enabled:
             return
         self._weights_sent()
         await to_thread(self._publish, state_of(self._weights_layout, self._policy))

@@ -168,6 +168,9 @@ class DistributedCollector(_DistributedBase):
         reset_when_done: bool = True,
         set_truncated: bool = False,
         track_traj_ids: bool = True,
+        weight_sync_schemes: dict[str, Any] | None = None,
+        weight_updater: Any = None,
+        weight_recv_schemes: dict[str, Any] | None = None,
     ) -> None:
         check_bool("sync", sync)
         self._gather = self._asked = sync
@@ -186,6 +189,8 @@ class DistributedCollector(_DistributedBase):
             restart_nodes=restart_nodes, weight_sync_timeout=weight_sync_timeout, worker_timeout=worker_timeout,
             shutdown_timeout=shutdown_timeout, max_queued_batches=max_queued_batches, num_threads=num_threads,
             reset_when_done=reset_when_done, set_truncated=set_truncated, track_traj_ids=track_traj_ids,
+            weight_sync_schemes=weight_sync_schemes, weight_updater=weight_updater,
+            weight_recv_schemes=weight_recv_schemes,
         )  # fmt: skip
 
     async def _collect_one(self) -> TensorDictBase | None:
@@ -266,6 +271,9 @@ class DistributedSyncCollector(_DistributedBase):
         reset_when_done: bool = True,
         set_truncated: bool = False,
         track_traj_ids: bool = True,
+        weight_sync_schemes: dict[str, Any] | None = None,
+        weight_updater: Any = None,
+        weight_recv_schemes: dict[str, Any] | None = None,
     ) -> None:
         self._init_distributed(
             create_env_fn, policy, frames_per_batch=frames_per_batch, total_frames=total_frames, num_nodes=num_nodes,
@@ -282,6 +290,8 @@ class DistributedSyncCollector(_DistributedBase):
             restart_nodes=restart_nodes, weight_sync_timeout=weight_sync_timeout, worker_timeout=worker_timeout,
             shutdown_timeout=shutdown_timeout, max_queued_batches=max_queued_batches, num_threads=num_threads,
             reset_when_done=reset_when_done, set_truncated=set_truncated, track_traj_ids=track_traj_ids,
+            weight_sync_schemes=weight_sync_schemes, weight_updater=weight_updater,
+            weight_recv_schemes=weight_recv_schemes,
         )  # fmt: skip
 
     async def _collect_one(self) -> TensorDictBase | None:

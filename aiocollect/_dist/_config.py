@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from .._collect._weight_sync import check_recv_schemes, resolve_weight_sync
 from .._core._validate import check_bool, check_int
 from .._multi._config import MultiConfig, resolve_multi_config
 from .._workers._launch_delayed import check_delayed_node_count
@@ -74,14 +75,25 @@ def resolve_dist_config(
     transport: str,
     gather: bool,
     on_demand: bool,
+    weight_sync_schemes: Any = None,
+    weight_updater: Any = None,
+    weight_recv_schemes: Any = None,
+    native_scheme: str = "DistributedWeightSyncScheme",
     **engine: Any,
 ) -> DistConfig:
     """Validate a distributed collector's arguments (``engine`` goes to `resolve_multi_config`).
 
     ``gather``: every node's share is stacked into one batch; ``on_demand``: nodes collect only
     when asked (the engine then sends weights before each batch, not after it).
+    ``native_scheme``: the TorchRL weight-sync scheme of this kind of collector, which the
+    node transport honours.
     """
     from .._workers import get_transport
+
+    weight_sync = resolve_weight_sync(
+        name, weight_sync_schemes, weight_updater, workers=True, honoured=(native_scheme,)
+    )
+    check_recv_schemes(name, weight_recv_schemes)
 
     if isinstance(create_env_fn, (list, tuple)):
         check_int("num_nodes", num_nodes, allow_none=True)
@@ -170,7 +182,7 @@ def resolve_dist_config(
         raise ValueError(f"node_hosts lists {len(options['node_hosts'])} addresses for {n} nodes; give one per node")
     check_ray_node_count(options, n)
     check_delayed_node_count(options, n)
-    mc = dataclasses.replace(mc, transport_options=options, total_fpb=fpb)
+    mc = dataclasses.replace(mc, transport_options=options, total_fpb=fpb, weight_sync=weight_sync)
     node_kwargs = [
         {
             # Nodes always record each frame's worker and policy version: the engine rewrites them

@@ -81,6 +81,8 @@ class RayCollector(NodeCollectorBase):
         [torch.Size([2, 32]), torch.Size([2, 32])]
     """
 
+    _native_scheme = "RayWeightSyncScheme"
+
     def __init__(
         self,
         create_env_fn: Any,
@@ -120,6 +122,9 @@ class RayCollector(NodeCollectorBase):
         reset_when_done: bool = True,
         set_truncated: bool = False,
         track_traj_ids: bool = True,
+        weight_sync_schemes: dict[str, Any] | None = None,
+        weight_updater: Any = None,
+        weight_recv_schemes: dict[str, Any] | None = None,
     ) -> None:
         check_bool("sync", sync)
         self._gather = self._asked = sync
@@ -137,6 +142,8 @@ class RayCollector(NodeCollectorBase):
             postproc=postproc, split_trajs=split_trajs, total_frames=total_frames,
             max_queued_batches=max_queued_batches, reset_when_done=reset_when_done, set_truncated=set_truncated,
             track_traj_ids=track_traj_ids, shutdown_timeout=shutdown_timeout,
+            weight_sync_schemes=weight_sync_schemes, weight_updater=weight_updater,
+            weight_recv_schemes=weight_recv_schemes,
         )  # fmt: skip
         # One actor config per node, known now: a wrong count fails here, before Ray starts.
         check_options(self._dc.mc.transport_options, self._dc.mc.num_workers)

@@ -81,6 +81,8 @@ class RPCCollector(NodeCollectorBase):
         [torch.Size([2, 32]), torch.Size([2, 32])]
     """
 
+    _native_scheme = "RPCWeightSyncScheme"
+
     def __init__(
         self,
         create_env_fn: Any,
@@ -127,6 +129,9 @@ class RPCCollector(NodeCollectorBase):
         reset_when_done: bool = True,
         set_truncated: bool = False,
         track_traj_ids: bool = True,
+        weight_sync_schemes: dict[str, Any] | None = None,
+        weight_updater: Any = None,
+        weight_recv_schemes: dict[str, Any] | None = None,
     ) -> None:
         check_bool("sync", sync)
         if backend != "gloo":
@@ -153,6 +158,8 @@ class RPCCollector(NodeCollectorBase):
             postproc=postproc, split_trajs=split_trajs, total_frames=total_frames,
             max_queued_batches=max_queued_batches, reset_when_done=reset_when_done, set_truncated=set_truncated,
             track_traj_ids=track_traj_ids, shutdown_timeout=shutdown_timeout,
+            weight_sync_schemes=weight_sync_schemes, weight_updater=weight_updater,
+            weight_recv_schemes=weight_recv_schemes,
         )  # fmt: skip
 
     async def _collect_one(self) -> TensorDictBase | None:

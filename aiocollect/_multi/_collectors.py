@@ -147,6 +147,8 @@ _ARGS_DOC = """
             updates; other schemes raise ``NotImplementedError``.
         weight_updater: Not supported (``NotImplementedError``): TorchRL's ``WeightUpdaterBase``
             pushes through TorchRL's own worker pipes; `update_policy_weights_` syncs every worker.
+        weight_recv_schemes: ``None`` only (``NotImplementedError`` otherwise): the workers take
+            weights from `update_policy_weights_`, not from a parent process.
         worker_timeout: Seconds a busy worker may go without progress (an env step or a
             command handled) before it counts as hung: `WorkerTimeoutError` names it, or
             with ``restart_workers`` it is killed and restarted. Detected within 1.25x this

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .._collect._weight_sync import DEFAULT_SYNC, WeightSync, resolve_weight_sync
+from .._collect._weight_sync import DEFAULT_SYNC, WeightSync, check_recv_schemes, resolve_weight_sync
 from .._core._validate import check_bool, check_int, check_seconds
 from .._rollout._config import CollectorConfig, validate_config
 
@@ -184,6 +184,7 @@ def resolve_multi_config(
     max_queued_batches: Any,
     weight_sync_schemes: Any = None,
     weight_updater: Any = None,
+    weight_recv_schemes: Any = None,
     collector_class: Any = None,
     init_fn: Any = None,
     **common: Any,
@@ -230,6 +231,7 @@ def resolve_multi_config(
         )
     storing_device = stores[0]
     weight_sync = resolve_weight_sync(name, weight_sync_schemes, weight_updater, workers=True)
+    check_recv_schemes(name, weight_recv_schemes)
     factories = _per_worker("policy_factory", policy_factory, n)
     for f in factories:
         if f is not None and not callable(f):

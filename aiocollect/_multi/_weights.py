@@ -134,8 +134,9 @@ class EngineWeights(WeightSyncAPI):
     def _num_weight_targets(self) -> int:
         return self._num_workers
 
-    def _default_scheme(self) -> bool:
-        return isinstance(self._policy, torch.nn.Module)
+    def _default_scheme(self) -> str | None:
+        # TorchRL's worker collectors sync a module policy through shared memory by default.
+        return "SharedMemWeightSyncScheme" if isinstance(self._policy, torch.nn.Module) else None
 
     # -- updates ---------------------------------------------------------------------------------
     def _plan_update(self, update: WeightUpdate) -> tuple[dict[str, Any] | None, dict[int, bytes]]:

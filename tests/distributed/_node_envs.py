@@ -10,12 +10,14 @@ actions; every node rebuilds the env from its factory:
 
 ``NODE_ENVS[kind]()`` gives ``(factory, check)``; `check_envs_on_nodes` runs one kind on a
 collector class. `check_factory_weights_reach_inner_workers` runs the same weight-update check
-on every collector kind (pytorch/rl#3729, where it failed for Ray and RPC).
+on every collector kind (pytorch/rl#3729, where it failed for Ray and RPC), and
+`check_update_forms` TorchRL's forms of ``update_policy_weights_`` with the kind's own scheme.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import anyio
@@ -28,6 +30,7 @@ __all__ = [
     "check_envs_on_nodes",
     "check_factory_weights_reach_inner_workers",
     "check_torchrl_node_batches",
+    "check_update_forms",
     "sleepy_pool",
     "torchrl_pendulum",
 ]
@@ -88,8 +91,6 @@ async def check_envs_on_nodes(collector_class: Any, kind: str, **kw: Any) -> Non
 
 async def check_a_close_failure_on_a_node(collector_class: Any, **kw: Any) -> None:
     """Node 1's env fails to close: closing the collector raises it, naming that node, with its traceback."""
-    from functools import partial
-
     from aiocollect import WorkerError
     from aiocollect.testing import CountingEnv, FailingEnv
 
@@ -119,8 +120,6 @@ async def check_factory_weights_reach_inner_workers(collector_class: Any, *, exp
     passed explicitly (``explicit``): TorchRL's Ray and RPC collectors once left those workers
     with their factory-built weights forever (pytorch/rl#3729).
     """
-    from functools import partial
-
     from aiocollect.testing import CountingEnv
 
     version, worker_id = ("collector", "policy_version"), ("collector", "worker_id")
@@ -144,3 +143,38 @@ async def check_factory_weights_reach_inner_workers(collector_class: Any, *, exp
     assert set(after[worker_id].flatten().tolist()) == {0, 1, 2, 3}, "every inner worker collected"
     assert (after[version] == 1).all()
     assert moved.any() and (after["action"][moved] == 0).all(), "an inner worker kept its factory-built weights"
+
+
+def _acts(batch: Any, node: int) -> set[int]:
+    """The actions node ``node`` took where the observation is positive (1: weight 1; 0: weight -1)."""
+    part = batch[node]
+    return set(part["action"][part["observation"][..., 2] > 0].tolist())
+
+
+async def check_update_forms(collector_class: Any, scheme: Any, **kw: Any) -> None:
+    """TorchRL's ``update_policy_weights_`` forms on two ``sync=True`` nodes synced by ``scheme``.
+
+    ``policy=`` with ``worker_ids=[1]`` reaches node 1 only (node 0 keeps its weights and
+    version), ``weights_dict=`` every node, ``model_id=`` with ``worker_ids=0`` node 0 only.
+    """
+    from aiocollect.testing import CountingEnv
+
+    version = ("collector", "policy_version")
+    with anyio.fail_after(90):
+        async with collector_class(
+            [partial(CountingEnv, 1, episode_length=7)] * 2, scripted(1.0), frames_per_batch=20, total_frames=-1,
+            sync=True, weight_sync_schemes={"policy": scheme}, **kw,
+        ) as c:  # fmt: skip
+            first = await c.__anext__()
+            assert _acts(first, 0) == _acts(first, 1) == {1}
+            await c.update_policy_weights_(policy=scripted(-1.0), worker_ids=[1])
+            only_one = await c.__anext__()
+            await c.update_policy_weights_(weights_dict={"policy": scripted(-1.0).state_dict()})
+            both = await c.__anext__()
+            await c.update_policy_weights_(scripted(1.0), model_id="policy", worker_ids=0)
+            back = await c.__anext__()
+    assert (only_one[0][version] == 0).all() and _acts(only_one, 0) == {1}
+    assert (only_one[1][version] == 1).all() and _acts(only_one, 1) == {0}
+    assert (both[version] == 2).all() and _acts(both, 0) == _acts(both, 1) == {0}
+    assert (back[0][version] == 3).all() and _acts(back, 0) == {1}
+    assert (back[1][version] == 2).all() and _acts(back, 1) == {0}

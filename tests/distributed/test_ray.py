@@ -28,6 +28,7 @@ from _node_envs import (  # noqa: E402
     check_a_close_failure_on_a_node,
     check_envs_on_nodes,
     check_factory_weights_reach_inner_workers,
+    check_update_forms,
     scripted,
 )
 from _ray_procs import local_ray, no_leaks  # noqa: E402, F401  (the module's Ray and its leak check)
@@ -99,6 +100,12 @@ async def test_weight_updates_go_through_the_object_store_once_and_are_acknowled
             after = await c.__anext__()
     assert (after[VERSION] == 1).all()
     assert (after["action"][after["observation"][..., 2] > 0] == 0).all()
+
+
+async def test_torchrls_update_forms_with_its_own_scheme_reach_the_nodes_they_name() -> None:
+    from torchrl.weight_update import RayWeightSyncScheme
+
+    await check_update_forms(RayCollector, RayWeightSyncScheme(), **kw())
 
 
 async def test_async_update_after_each_batch_reaches_the_delivering_actor() -> None:

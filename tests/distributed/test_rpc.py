@@ -16,6 +16,7 @@ from _node_envs import (
     check_a_close_failure_on_a_node,
     check_envs_on_nodes,
     check_factory_weights_reach_inner_workers,
+    check_update_forms,
     scripted,
 )
 from _rendezvous import MeetingCountingEnv, met
@@ -113,6 +114,12 @@ async def test_weight_updates_are_acknowledged_and_used_by_every_node() -> None:
             after = await c.__anext__()
     assert (after[VERSION] == 1).all()
     assert (after["action"][after["observation"][..., 2] > 0] == 0).all()
+
+
+async def test_torchrls_update_forms_with_its_own_scheme_reach_the_nodes_they_name() -> None:
+    from torchrl.weight_update import RPCWeightSyncScheme
+
+    await check_update_forms(RPCCollector, RPCWeightSyncScheme(), **kw())
 
 
 async def test_updates_back_to_back_reach_every_node_whole_and_named() -> None:
