@@ -27,7 +27,7 @@ from .._core._threads import to_thread
 from .._multi._engine import MultiCollectorBase
 from .._rollout._policy import NO_ROUTE
 from .._workers._messages import ApplyWeights
-from .._workers._weights import state_of
+from .._workers._weights import flat_state, state_of
 from ._config import resolve_dist_config
 from ._node import NodeSpec
 
@@ -37,8 +37,10 @@ __all__ = ["COLLECTOR_ARGS_DOC", "NodeCollectorBase", "fill_args"]
 #: apply to nodes; `fill_args` puts them in place of a class docstring's ``{args}`` line.
 COLLECTOR_ARGS_DOC = """\
 policy_factory: A zero-argument callable that builds the policy on each node instead of
-    sending ``policy`` (or one per node); ``policy`` may still be given, and must be for
-    `update_policy_weights_`: it lays out the weights the nodes receive.
+    sending ``policy`` (or one per node). ``policy`` may still be given: it lays out the
+    weights the nodes receive, and `update_policy_weights_()` reads them from it. Without
+    it, the first weights passed to `update_policy_weights_` lay them out (TorchRL's lazy
+    weight sync), before the nodes start or while they run.
 device: Default for ``env_device``, ``policy_device`` and ``storing_device``.
 storing_device: Device of the batches this process yields (moved there on arrival).
 env_device: Device the nodes move actions to before stepping their envs (one, or one
@@ -196,10 +198,9 @@ class NodeCollectorBase(MultiCollectorBase):
                 f"{sorted(update.per_worker)}: call update_policy_weights_(weights, worker_ids=node) for each"
             )
         source = update.source
-        if self._weights_layout is None:
-            self._no_weights_layout(source)
+        layout = self._weights_layout or self._adopt_layout(source)
         self._weights_sent()
-        state = state_of(self._weights_layout, self._policy if source is None else source)
+        state = state_of(layout, self._policy if source is None else source)
         nodes = list(range(self._num_workers)) if update.workers is None else list(update.workers)
         async with self._update_lock or anyio.Lock():
             # Each version is its own buffer in the transport: no node can read a torn mix of
@@ -230,24 +231,45 @@ class NodeCollectorBase(MultiCollectorBase):
     def _default_scheme(self) -> str | None:
         return self._native_scheme  # TorchRL's node collectors default to their own scheme, whatever the policy
 
+    def _adopt_layout(self, source: Any) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        """Lay the nodes' weights out from the first explicit weights (nodes build their policy).
+
+        TorchRL's lazy weight sync: with ``policy_factory`` and no ``policy=`` module, the first
+        update's weights say what every later one holds. Nodes that already run are told the
+        layout before these weights reach them.
+        """
+        if source is None or not any(f is not None for f in self._mc.factories):
+            self._no_weights_layout(source)
+        state = flat_state(source)
+        layout = [(k, tuple(v.shape), v.dtype) for k, v in ((k, torch.as_tensor(v)) for k, v in state.items())]
+        self._weights_layout = layout
+        if self._transport is not None:
+            self._transport.adopt_weights_layout(layout)
+        return layout
+
     def _no_weights_layout(self, source: Any) -> NoReturn:
-        # Nodes receive weights into buffers laid out once, when they start, from policy=.
-        held = self._policy_held()
-        fix = f"pass an nn.Module as policy= to {type(self).__name__} (it may be given together with policy_factory)"
+        held, name = self._policy_held(), type(self).__name__
         if source is None:
-            raise RuntimeError(f"{NO_ROUTE}: this {type(self).__name__} has {held}, not an nn.Module, to read weights "
-                               f"from; {fix}")  # fmt: skip
+            fix = (
+                "pass the weights, update_policy_weights_(weights) (the nodes build their policy with policy_factory)"
+                if any(f is not None for f in self._mc.factories)
+                else f"pass an nn.Module as policy= to {name}"
+            )
+            raise RuntimeError(f"{NO_ROUTE}: this {name} has {held}, not an nn.Module, to read weights from; {fix}")
         raise TypeError(
-            f"explicit weights need the nn.Module policy= that lays them out on the nodes, and this "
-            f"{type(self).__name__} has {held}; {fix}"
+            f"explicit weights need an nn.Module on the nodes to load them into, and this {name} has {held} and no "
+            "policy_factory; pass an nn.Module as policy= (or build one on each node with policy_factory)"
         )
 
     async def _push_weights(self, nodes: list[int]) -> None:
         """Send the policy's current weights to ``nodes`` without waiting for them."""
-        if self._weights_layout is None or self._pump is None or not self._weight_sync.enabled:
-            return
+        layout = self._weights_layout
+        if layout is None or not isinstance(self._policy, torch.nn.Module) or self._pump is None:
+            return  # nothing here to read weights from (a policy_factory's live on the nodes)
+        if not self._weight_sync.enabled:
+            return  # NoWeightSyncScheme
         self._weights_sent()
-        await to_thread(self._publish, state_of(self._weights_layout, self._policy))
+        await to_thread(self._publish, state_of(layout, self._policy))
         self._version += 1
         if self._rb is not None:
             self._rb.policy_version = self._version

@@ -53,6 +53,7 @@ from ._wire import (
     Reject,
     Setup,
     Stop,
+    WeightsLayout,
     data_device,
     flat_buffer,
     flat_views,
@@ -78,6 +79,7 @@ class _Node:
         self.slots: list[dict[Any, Any]] = []
         self.flats: list[Any] = []
         self.sends: list[Any] = []  # weight sends not known to be complete (they hold their tensors)
+        self.has_layout = False  # the node can receive weights (it was told their layout)
         self.joins = 0
         self.gone = False  # the reader saw the connection end
         self.lock = threading.Lock()  # serializes records sent from the loop
@@ -266,6 +268,7 @@ class DistributedTransport(Transport):
             cuda_device=local_node_gpu(rank) if opts["backend"] == "nccl" and opts["launcher"] == "mp" else None,
         )  # fmt: skip
         send_frame(sock, setup, node.lock)
+        node.has_layout = self.weights_layout is not None
         node.reader = threading.Thread(
             target=self._read, args=(w, node, setup), name=f"aiocollect-node-{rank}", daemon=True
         )
@@ -427,6 +430,11 @@ class DistributedTransport(Transport):
 
     def send(self, w: int, command: Command) -> None:
         node = self._nodes[w]
+        # A node that joined before the layout was known (`adopt_weights_layout`) is told first.
+        if isinstance(command, ApplyWeights) and not node.has_layout and self.weights_layout is not None:
+            if not self._send_record_to(node, WeightsLayout(self.weights_layout)):
+                return
+            node.has_layout = True
         if not self._send_record_to(node, command) or not isinstance(command, ApplyWeights):
             return
         if self._weights is not None and node.pg is not None:

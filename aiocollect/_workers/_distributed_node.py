@@ -33,6 +33,7 @@ from ._wire import (
     Reject,
     Setup,
     Stop,
+    WeightsLayout,
     data_device,
     flat_buffer,
     flat_views,
@@ -98,6 +99,10 @@ class NodeChannel(WorkerChannel):
                     self.control[PREEMPT] = msg.seq
                 elif isinstance(msg, Stop):
                     self._stop()
+                elif isinstance(msg, WeightsLayout):
+                    # Before the `ApplyWeights` it precedes is queued: its weights land here.
+                    self._weights_flat = flat_buffer(msg.layout, self._device)
+                    self._weights = flat_views(self._weights_flat, msg.layout)
                 else:
                     self._commands.put(msg)
         except (EOFError, OSError):

@@ -87,6 +87,14 @@ class Transport(ABC):
         #: once every worker is stopped: ``{worker: (pid, Failed)}``.
         self.close_failures: dict[int, tuple[int | None, Failed]] = {}
 
+    def adopt_weights_layout(self, layout: Any) -> None:
+        """Take the weights' layout after the workers started (it was ``None``: a ``policy_factory``).
+
+        Transports whose workers receive weights into buffers laid out at start tell each worker
+        before its next weights; the others need nothing more.
+        """
+        self.weights_layout = layout
+
     def _keep_close_failure(self, w: int, pid: int | None, events: Iterable[Event]) -> None:
         """Keep the first `Failed` among ``events``, what worker ``w`` sent after being told to close."""
         for event in events:

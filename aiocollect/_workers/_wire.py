@@ -41,6 +41,7 @@ __all__ = [
     "Reject",
     "Setup",
     "Stop",
+    "WeightsLayout",
     "flat_views",
     "gloo_device",
     "pair_group",
@@ -86,6 +87,18 @@ class Setup:
     weights_follow: bool  # published weights follow on the pair group before any command
     beat_interval: float
     cuda_device: int | None = None  # NCCL, a node on the trainer's machine: the GPU it takes
+
+
+@dataclass(frozen=True)
+class WeightsLayout:
+    """Trainer -> node, before its first `ApplyWeights`: the weights' ``[(key, shape, dtype)]``.
+
+    Sent to a node that joined before the trainer knew the layout (its policy is built by a
+    ``policy_factory``, and the first update's weights laid them out): the node allocates its
+    receive buffer from it, then the weights follow on the pair group as usual.
+    """
+
+    layout: Any
 
 
 @dataclass(frozen=True)

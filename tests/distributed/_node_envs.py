@@ -11,7 +11,9 @@ actions; every node rebuilds the env from its factory:
 ``NODE_ENVS[kind]()`` gives ``(factory, check)``; `check_envs_on_nodes` runs one kind on a
 collector class. `check_factory_weights_reach_inner_workers` runs the same weight-update check
 on every collector kind (pytorch/rl#3729, where it failed for Ray and RPC), and
-`check_update_forms` TorchRL's forms of ``update_policy_weights_`` with the kind's own scheme.
+`check_update_forms` TorchRL's forms of ``update_policy_weights_`` with the kind's own scheme,
+and `check_weights_reach_factory_policies` TorchRL's lazy weight sync (``policy_factory``, no
+``policy``: the first update's weights lay the nodes' weights out).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ __all__ = [
     "check_factory_weights_reach_inner_workers",
     "check_torchrl_node_batches",
     "check_update_forms",
+    "check_weights_reach_factory_policies",
     "sleepy_pool",
     "torchrl_pendulum",
 ]
@@ -178,3 +181,33 @@ async def check_update_forms(collector_class: Any, scheme: Any, **kw: Any) -> No
     assert (both[version] == 2).all() and _acts(both, 0) == _acts(both, 1) == {0}
     assert (back[0][version] == 3).all() and _acts(back, 0) == {1}
     assert (back[1][version] == 2).all() and _acts(back, 1) == {0}
+
+
+async def check_weights_reach_factory_policies(collector_class: Any, *, before_start: bool, **kw: Any) -> None:
+    """Nodes build their policy with ``policy_factory`` and no ``policy=`` is given here.
+
+    TorchRL's lazy weight sync: explicit weights (``TensorDict.from_module``, a state dict) lay
+    the nodes' weights out, whether given before the nodes start or once they run.
+    """
+    from tensordict import TensorDict
+
+    from aiocollect.testing import CountingEnv
+
+    version = ("collector", "policy_version")
+    with anyio.fail_after(90):
+        c = collector_class(
+            [partial(CountingEnv, 1, episode_length=7)] * 2, None, policy_factory=partial(scripted, 1.0),
+            frames_per_batch=20, total_frames=-1, sync=True, **kw,
+        )  # fmt: skip
+        if before_start:
+            await c.update_policy_weights_(TensorDict.from_module(scripted(-1.0)))
+        async with c:
+            if not before_start:
+                first = await c.__anext__()
+                assert _acts(first, 0) == _acts(first, 1) == {1}
+                await c.update_policy_weights_(TensorDict.from_module(scripted(-1.0)))
+            negated = await c.__anext__()
+            await c.update_policy_weights_(scripted(1.0).state_dict())
+            back = await c.__anext__()
+    assert (negated[version] == 1).all() and _acts(negated, 0) == _acts(negated, 1) == {0}
+    assert (back[version] == 2).all() and _acts(back, 0) == _acts(back, 1) == {1}

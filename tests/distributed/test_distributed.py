@@ -19,7 +19,12 @@ import anyio
 import psutil
 import pytest
 import torch
-from _node_envs import check_a_close_failure_on_a_node, check_factory_weights_reach_inner_workers, scripted
+from _node_envs import (
+    check_a_close_failure_on_a_node,
+    check_factory_weights_reach_inner_workers,
+    check_weights_reach_factory_policies,
+    scripted,
+)
 from _weight_policies import HangsWhenLoading, check_updates_back_to_back
 from tensordict.nn import TensorDictModule
 
@@ -242,18 +247,29 @@ async def test_updates_reach_the_inner_workers_of_nodes_built_by_a_policy_factor
     await check_factory_weights_reach_inner_workers(DistributedCollector, explicit=explicit, **kw())
 
 
-async def test_without_a_module_policy_an_update_names_what_lays_the_weights_out() -> None:
-    # A node receives weights into buffers laid out from policy= when it starts; a factory's
-    # module exists on the nodes only. Refused before anything is sent (or started).
-    c = DistributedCollector([counting] * 2, None, policy_factory=partial(scripted, 1.0), frames_per_batch=20, **kw())
-    fix = r"; pass an nn\.Module as policy= to DistributedCollector \(it may be given together with policy_factory\)$"
-    no_arg = r"^No weight updater.*: this DistributedCollector has no policy, not an nn\.Module, to read weights from"
-    explicit = r"^explicit weights need the nn\.Module policy= that lays them out on the nodes, and this Distributed"
-    with pytest.raises(RuntimeError, match=no_arg + fix):
-        await c.update_policy_weights_()
-    with pytest.raises(TypeError, match=explicit + r"Collector has no policy" + fix):
-        await c.update_policy_weights_(scripted(-1.0))
-    assert c.policy_version == 0
+async def test_without_a_module_policy_an_update_names_what_to_pass() -> None:
+    # Refused before anything is sent (or started): nothing here to read weights from, or
+    # (random actions, no policy_factory) no module on the nodes to load them into.
+    factory = partial(scripted, 1.0)
+    built = DistributedCollector([counting] * 2, None, policy_factory=factory, frames_per_batch=20, **kw())
+    random = DistributedCollector([counting] * 2, None, frames_per_batch=20, **kw())
+    no_arg = r"^No weight updater.*: this DistributedCollector has no policy, not an nn\.Module, to read weights from; "
+    with pytest.raises(RuntimeError, match=no_arg + r"pass the weights, update_policy_weights_\(weights\) \(the nodes"):
+        await built.update_policy_weights_()
+    with pytest.raises(RuntimeError, match=no_arg + r"pass an nn\.Module as policy= to DistributedCollector$"):
+        await random.update_policy_weights_()
+    with pytest.raises(
+        TypeError,
+        match=r"^explicit weights need an nn\.Module on the nodes to load them into, and this DistributedCollector has "
+        r"no policy and no policy_factory; pass an nn\.Module as policy= \(or build one on each node with policy_f",
+    ):
+        await random.update_policy_weights_(scripted(-1.0))
+    assert built.policy_version == random.policy_version == 0
+
+
+@pytest.mark.parametrize("before_start", [True, False], ids=["before_start", "after_start"])
+async def test_weights_reach_policies_the_nodes_build_without_a_policy_here(before_start: bool) -> None:
+    await check_weights_reach_factory_policies(DistributedCollector, before_start=before_start, **kw())
 
 
 async def test_nodes_collecting_with_weights_the_trainer_changed_are_reported_once_they_stop() -> None:

@@ -157,3 +157,25 @@ def test_the_blocking_twin_takes_torchrls_keywords() -> None:
     finally:
         collector.shutdown()
     assert versions == [0, 1, 2]
+
+
+def test_the_blocking_twin_syncs_policies_the_nodes_build_from_the_first_weights() -> None:
+    # TorchRL's lazy weight sync, as its own test_ray_collector_policy_constructor writes it:
+    # no policy here, weights from TensorDict.from_module, updates inside the loop.
+    from functools import partial
+
+    from tensordict import TensorDict
+
+    collector = blocking.DistributedCollector(
+        [counting] * 2, policy_factory=partial(scripted, 1.0), frames_per_batch=20, total_frames=60, sync=True, **kw()
+    )
+    weights = TensorDict.from_module(scripted(-1.0))
+    try:
+        collector.update_policy_weights_(weights)
+        seen = []
+        for data in collector:
+            seen.append(set(data["action"][data["observation"][..., 2] > 0].tolist()))
+            collector.update_policy_weights_(weights)
+    finally:
+        collector.shutdown()
+    assert seen == [{0}, {0}, {0}]

@@ -29,6 +29,7 @@ from _node_envs import (  # noqa: E402
     check_envs_on_nodes,
     check_factory_weights_reach_inner_workers,
     check_update_forms,
+    check_weights_reach_factory_policies,
     scripted,
 )
 from _ray_procs import local_ray, no_leaks  # noqa: E402, F401  (the module's Ray and its leak check)
@@ -100,6 +101,11 @@ async def test_weight_updates_go_through_the_object_store_once_and_are_acknowled
             after = await c.__anext__()
     assert (after[VERSION] == 1).all()
     assert (after["action"][after["observation"][..., 2] > 0] == 0).all()
+
+
+async def test_weights_reach_policies_the_nodes_build_without_a_policy_here() -> None:
+    # TorchRL's lazy weight sync (its test_ray_collector_policy_constructor), nodes running.
+    await check_weights_reach_factory_policies(RayCollector, before_start=False, **kw())
 
 
 async def test_torchrls_update_forms_with_its_own_scheme_reach_the_nodes_they_name() -> None:
