@@ -109,9 +109,9 @@ async def test_weights_reach_policies_the_nodes_build_without_a_policy_here() ->
 
 
 async def test_torchrls_update_forms_with_its_own_scheme_reach_the_nodes_they_name() -> None:
-    from torchrl.weight_update import RayWeightSyncScheme
+    schemes = pytest.importorskip("torchrl.weight_update")  # CI runs a pass without torchrl
 
-    await check_update_forms(RayCollector, RayWeightSyncScheme(), **kw())
+    await check_update_forms(RayCollector, schemes.RayWeightSyncScheme(), **kw())
 
 
 async def test_async_update_after_each_batch_reaches_the_delivering_actor() -> None:

@@ -123,9 +123,9 @@ async def test_weights_reach_policies_the_nodes_build_without_a_policy_here() ->
 
 
 async def test_torchrls_update_forms_with_its_own_scheme_reach_the_nodes_they_name() -> None:
-    from torchrl.weight_update import RPCWeightSyncScheme
+    schemes = pytest.importorskip("torchrl.weight_update")  # CI runs a pass without torchrl
 
-    await check_update_forms(RPCCollector, RPCWeightSyncScheme(), **kw())
+    await check_update_forms(RPCCollector, schemes.RPCWeightSyncScheme(), **kw())
 
 
 async def test_updates_back_to_back_reach_every_node_whole_and_named() -> None:
