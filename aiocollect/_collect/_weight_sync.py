@@ -316,29 +316,36 @@ class WeightUpdates(WeightSyncAPI):
 
         Without weights, they come from the ``policy`` given to the constructor: an in-process
         collector refreshes its device copy (a policy that was not copied is the live module);
-        a multi-worker one sends its current weights. Workers apply them between batches,
-        never during one, and frames record the version they were collected with in
-        ``("collector", "policy_version")``. A multi-worker collector returns once every live
-        worker it updated that had no batch in progress acknowledged (unless the scheme says
-        ``sync=False``); a worker in the middle of a batch loads the update before its next
-        one, unwaited. A weight update overtakes the batches a worker has queued but not
-        started.
+        a multi-worker or node collector sends its current weights. Workers and nodes apply
+        them between batches, never during one, and frames record the version they were
+        collected with in ``("collector", "policy_version")``. A worker or node collector
+        returns once every live worker it updated that had no batch in progress acknowledged
+        (unless the scheme says ``sync=False``); a worker in the middle of a batch loads the
+        update before its next one, unwaited. A weight update overtakes the batches a worker
+        has queued but not started. Nodes that build their policy with ``policy_factory``
+        (no ``policy=``) take the layout of every update from the first weights given
+        (TorchRL's lazy weight sync). With ``NoWeightSyncScheme`` the call does nothing.
 
         Args:
             policy_or_weights: An ``nn.Module``, a TensorDict (``TensorDict.from_module``) or a
                 state dict; ``{worker: weights}`` gives workers weights of their own (distinct
-                ``policy_factory`` policies); ``None`` reads the constructor's ``policy``.
+                ``policy_factory`` policies; node collectors send one set per call); ``None``
+                reads the constructor's ``policy``.
             weights: Same as ``policy_or_weights`` (TorchRL's keyword).
             policy: An ``nn.Module`` to take the weights from (TorchRL's keyword).
-            worker_ids: Update only these workers (an index or a list of them).
+            worker_ids: Update only these workers or nodes (an index or a list of them); the
+                others keep their weights and version. A node that starts or restarts later
+                starts from the newest weights sent to any node.
             model_id: The model to update: ``"policy"`` (the default, and the only one synced).
             weights_dict: ``{model_id: weights}``, instead of ``model_id`` and the weights.
 
         Raises:
-            ValueError: Conflicting forms (two weight sources, ``weights_dict`` with ``model_id``...).
+            ValueError: Conflicting forms (two weight sources, ``weights_dict`` with ``model_id``...),
+                or ``{node: weights}`` given to a node collector.
             KeyError: ``model_id`` names a model the collector does not sync, or weights miss entries.
             RuntimeError: No weights were given and the policy is not an ``nn.Module`` (TorchRL's
                 "No weight updater..." error).
+            TypeError: Explicit weights, and no ``nn.Module`` in the workers or nodes to load them into.
             TimeoutError: Workers did not acknowledge within ``weight_sync_timeout`` (named).
         """
         update = parse_update(

@@ -19,7 +19,7 @@ import cloudpickle
 import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase
 
-from .._collect._weight_sync import parse_update
+from .._collect._weight_sync import WeightUpdate, WeightUpdates
 from .._core._errors import CollectorClosedError
 from .._core._public import fill_args
 from .._core._ragged import frame_count
@@ -77,7 +77,7 @@ weight_recv_schemes: ``None`` only (``NotImplementedError`` otherwise): nodes ta
 """
 
 
-class NodeCollectorBase(MultiCollectorBase):
+class NodeCollectorBase(WeightUpdates, MultiCollectorBase):
     """The node engine: subclasses set the delivery policy and call `_init_nodes` from ``__init__``."""
 
     _gather: bool  # every node's share is gathered into one batch
@@ -145,53 +145,14 @@ class NodeCollectorBase(MultiCollectorBase):
         raise self._unsupported(what)
 
     # -- weights -----------------------------------------------------------------------------
-    async def update_policy_weights_(
-        self,
-        policy_or_weights: Any = None,
-        *,
-        weights: Any = None,
-        policy: Any = None,
-        worker_ids: Any = None,
-        model_id: str | None = None,
-        weights_dict: dict[str, Any] | None = None,
-    ) -> None:
-        """Send new weights to the live nodes and wait until each node between batches applied them.
+    async def _send_update(self, update: WeightUpdate) -> None:
+        """Publish one set of weights and send it to the live nodes the update names.
 
-        Each node applies them between batches, so no batch mixes two versions, and records
-        the version it collected with in ``("collector", "policy_version")``. A node in the
-        middle of a batch applies them before its next one; the call does not wait for it
-        (nor for any node, with ``DistributedWeightSyncScheme(sync=False)``). With
-        ``NoWeightSyncScheme`` the call does nothing.
-
-        Args:
-            policy_or_weights: An ``nn.Module``, a state dict or a TensorDict of weights;
-                ``None`` reads the ``policy`` passed to the constructor.
-            weights: Same as ``policy_or_weights`` (TorchRL's keyword).
-            policy: An ``nn.Module`` to take the weights from (TorchRL's keyword).
-            worker_ids: Update only these nodes (an index or a list of them); the others keep
-                their weights. A node restarted later starts from the newest weights sent.
-            model_id: The model to update: ``"policy"`` (the default, and the only one synced).
-            weights_dict: ``{model_id: weights}``, instead of ``model_id`` and the weights.
-
-        Raises:
-            ValueError: Conflicting forms (two weight sources, ``weights_dict`` with
-                ``model_id``...), or ``{node: weights}`` (nodes share one set of weights per
-                update: send each its own with ``worker_ids=``).
-            KeyError: ``model_id`` names a model the collector does not sync.
-            RuntimeError: No argument, and no ``nn.Module`` policy to read weights from (TorchRL's
-                "No weight updater" error).
-            TypeError: Explicit weights, and no ``nn.Module`` policy to take their layout from.
-            TimeoutError: Some nodes did not acknowledge within ``weight_sync_timeout`` (the
-                message names them).
+        Waits for the nodes between batches to apply it (unless the scheme says ``sync=False``);
+        a node in the middle of a batch applies it before its next one.
         """
         if self._closed:
             raise CollectorClosedError(f"this {type(self).__name__} was shut down; create a new one")
-        update = parse_update(
-            self._weight_sync, self._num_workers, policy_or_weights, weights=weights, policy=policy,
-            worker_ids=worker_ids, model_id=model_id, weights_dict=weights_dict,
-        )  # fmt: skip
-        if update is None:
-            return  # NoWeightSyncScheme, or an empty weights_dict
         if update.per_worker is not None:
             raise ValueError(
                 f"{type(self).__name__} sends one set of weights per update, got weights for nodes "
