@@ -175,6 +175,15 @@ class RayCollector(DataCollectorBase):
 
     _async_class = _ray.RayCollector
 
+    @property
+    def num_workers(self) -> int:
+        """The number of actors (TorchRL's ``num_workers``: ``num_collectors``)."""
+        return self._async.num_workers
+
+    def local_policy(self) -> Any:
+        """The policy this process holds (TorchRL's method): what ``policy=`` was given, or ``None``."""
+        return self._async.local_policy()
+
 
 class RPCCollector(DataCollectorBase):
     """Blocking twin of `aiocollect.RPCCollector` (also ``aiocollect.RPCDataCollector``, TorchRL's name).

@@ -55,6 +55,15 @@ postproc: A callable applied to each batch in this process (after ``split_trajs`
 split_trajs: Split each batch into zero-padded trajectories (`split_trajectories`), in
     this process.
 exploration_type: The ``tensordict.nn.InteractionType`` the nodes' policy runs under.
+trajs_per_batch: Yield batches of this many complete trajectories (episodes ending at
+    ``("next", "done")``) instead of ``frames_per_batch`` frames, assembled in this
+    process from the nodes' batches (each episode from one env of one node, in completion
+    order); with ``replay_buffer``, finished episodes are written as flat runs of frames.
+    Given in ``collector_kwargs`` (TorchRL's way), it must be the same for every node.
+traj_format: With ``trajs_per_batch``: ``"padded"`` (default; ``[N, max_len]`` with a
+    ``("collector", "mask")``) or ``"cat"`` (the episodes' frames end to end).
+trajs_per_write: With ``trajs_per_batch`` and ``replay_buffer``: episodes per ``extend``
+    (default 1).
 max_queued_batches: How many batches this process may gather ahead of the consumer.
 num_threads: Torch threads of this process while the nodes run (default: the cores
     left after one per node).
@@ -96,17 +105,29 @@ class NodeCollectorBase(WeightUpdates, MultiCollectorBase):
         transport_options: dict[str, Any],
         replay_buffer: Any,
         restart_nodes: int,
+        trajs_per_batch: int | None = None,
+        traj_format: str | None = None,
+        trajs_per_write: int | None = None,
+        node_options: dict[str, tuple[Any, Any]] | None = None,
         **common: Any,
     ) -> None:
-        """Validate everything (before anything starts) and set up the engine."""
+        """Validate everything (before anything starts) and set up the engine.
+
+        ``node_options``: ``{name: (value, default)}``, more arguments every node's collector
+        gets (a subclass's own, such as `RayCollector`'s hooks).
+        """
+        traj = {"trajs_per_batch": trajs_per_batch, "traj_format": traj_format, "trajs_per_write": trajs_per_write}
         dc = self._dc = resolve_dist_config(
             type(self).__name__, create_env_fn=create_env_fn, policy=policy, transport=transport,
             transport_options=transport_options, gather=self._gather, on_demand=self._asked,
-            restart_workers=restart_nodes, native_scheme=self._native_scheme, **common,
+            restart_workers=restart_nodes, native_scheme=self._native_scheme, traj_args=traj,
+            node_options=node_options, **common,
         )  # fmt: skip
         self._since_update = [0] * dc.mc.num_workers  # batches each node delivered since it was sent weights
         self._yielded = 0
-        self._init_multi(dc.mc, policy, replay_buffer)
+        # Whole trajectories are assembled here, from the nodes' batches (`_WorkerTrajectories`
+        # keeps each node's unfinished episodes apart by their worker ids).
+        self._init_multi(dc.mc, policy, replay_buffer, **dc.traj_args)
 
     def _spec_bytes(self, w: int) -> bytes:
         dc, mc = self._dc, self._mc

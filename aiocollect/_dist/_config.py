@@ -22,8 +22,12 @@ __all__ = ["DistConfig", "resolve_dist_config"]
 _OWNED = {
     "frames_per_batch", "total_frames", "policy", "policy_factory", "num_workers", "create_env_fn", "replay_buffer",
     "max_frames_per_traj", "init_random_frames", "reset_at_each_iter", "exploration_type", "device", "env_device",
-    "policy_device", "trajs_per_batch",
+    "policy_device",
 }  # fmt: skip
+# Complete-trajectory mode: the episodes are assembled in the trainer's process from the nodes'
+# batches, so one setting holds for all nodes. TorchRL passes it to each node's collector, and
+# a collector_kwargs entry is taken as given at the top level.
+_TRAJ_ARGS = ("trajs_per_batch", "traj_format", "trajs_per_write")
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,7 @@ class DistConfig:
     update_after_each_batch: bool
     max_weight_update_interval: int
     update_interval: int | None
+    traj_args: dict[str, Any]  # trajs_per_batch, traj_format, trajs_per_write: the trainer's assembly
 
 
 def _collector_class(value: Any) -> type:
@@ -79,6 +84,8 @@ def resolve_dist_config(
     weight_updater: Any = None,
     weight_recv_schemes: Any = None,
     native_scheme: str = "DistributedWeightSyncScheme",
+    traj_args: dict[str, Any] | None = None,
+    node_options: dict[str, tuple[Any, Any]] | None = None,
     **engine: Any,
 ) -> DistConfig:
     """Validate a distributed collector's arguments (``engine`` goes to `resolve_multi_config`).
@@ -86,7 +93,9 @@ def resolve_dist_config(
     ``gather``: every node's share is stacked into one batch; ``on_demand``: nodes collect only
     when asked (the engine then sends weights before each batch, not after it).
     ``native_scheme``: the TorchRL weight-sync scheme of this kind of collector, which the
-    node transport honours.
+    node transport honours. ``traj_args``: the trajectory-mode arguments as given at the top
+    level (merged with collector_kwargs' into ``DistConfig.traj_args``). ``node_options``:
+    ``{name: (value, default)}`` of more arguments of every node's collector.
     """
     from .._workers import get_transport
 
@@ -140,15 +149,18 @@ def resolve_dist_config(
             raise ValueError(
                 f"collector_kwargs sets {owned[0]!r}, which the distributed collector sets for each node; pass it "
                 f"to {name} instead"
-                + (" (trajs_per_batch is not supported on nodes)" if owned[0] == "trajs_per_batch" else "")
             )
+    traj = _merged_traj_args(name, dict(traj_args or {}), kwargs_list)
     # Given at the top level, they hold on every node (a collector_kwargs entry may not contradict them).
-    for key, default in (("set_truncated", False), ("track_traj_ids", True)):
-        value = engine.get(key, default)
-        if value is default or value == default:
+    shared = {
+        key: (engine.get(key, default), default)
+        for key, default in (("set_truncated", False), ("track_traj_ids", True))
+    }
+    for key, (value, default) in {**shared, **(node_options or {})}.items():
+        if value is default or (not callable(value) and value == default):
             continue
         for d in kwargs_list:
-            if d.get(key, value) != value:
+            if key in d and d[key] is not value and (callable(value) or d[key] != value):
                 raise ValueError(
                     f"{key}={value!r} contradicts collector_kwargs' {key}={d[key]!r}; give it in one place only"
                 )
@@ -196,8 +208,28 @@ def resolve_dist_config(
     return DistConfig(
         mc=mc, collector_class=cls, workers_per_node=k, node_fpb=node_fpb, node_kwargs=node_kwargs,
         update_after_each_batch=update_after_each_batch, max_weight_update_interval=mwi,
-        update_interval=update_interval,
+        update_interval=update_interval, traj_args=traj,
     )  # fmt: skip
+
+
+def _merged_traj_args(name: str, top: dict[str, Any], kwargs_list: list[dict[str, Any]]) -> dict[str, Any]:
+    """The trajectory-mode arguments: the top level's, or collector_kwargs' (one value for every node)."""
+    out = {key: top.get(key) for key in _TRAJ_ARGS}
+    for key in _TRAJ_ARGS:
+        given = [d.pop(key) for d in kwargs_list if key in d]
+        if not given:
+            continue
+        if len(given) != len(kwargs_list) or any(v != given[0] for v in given):
+            raise ValueError(
+                f"collector_kwargs gives {key} for some nodes or with different values, but {name} assembles "
+                f"trajectories from every node's batches with one setting; pass {key}= to {name} instead"
+            )
+        if out[key] is not None and out[key] != given[0]:
+            raise ValueError(
+                f"{key}={out[key]!r} contradicts collector_kwargs' {key}={given[0]!r}; give it in one place only"
+            )
+        out[key] = given[0]
+    return out
 
 
 def _forks_workers(cls: type, kwargs: dict[str, Any]) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from tensordict import TensorDictBase
@@ -68,6 +69,15 @@ class RayCollector(NodeCollectorBase):
         join_timeout: Seconds an actor may take to start and collect its first batch
             (which gives the trainer the batch layout).
         shutdown_timeout: Seconds each actor gets to close before it is killed.
+        use_env_creator: Wrap each env factory in ``torchrl.envs.EnvCreator`` (TorchRL's option;
+            needs torchrl). Ray's object store ships the factories as they are, so this is
+            rarely needed.
+        trust_policy: Passed to each actor's collector (see `Collector`).
+        no_cuda_sync: Passed to each actor's collector (see `Collector`).
+        pre_collect_hook: Called with no argument by each actor's collector before each of its
+            batches, in the actor (TorchRL hands the hook to its remote collectors too).
+        post_collect_hook: Called by each actor's collector with each batch it collects, in
+            the actor.
         {args}
 
     Examples:
@@ -122,17 +132,39 @@ class RayCollector(NodeCollectorBase):
         reset_when_done: bool = True,
         set_truncated: bool = False,
         track_traj_ids: bool = True,
+        trajs_per_batch: int | None = None,
+        traj_format: str | None = None,
+        trajs_per_write: int | None = None,
         weight_sync_schemes: dict[str, Any] | None = None,
         weight_updater: Any = None,
         weight_recv_schemes: dict[str, Any] | None = None,
+        use_env_creator: bool = False,
+        trust_policy: bool | None = None,
+        no_cuda_sync: bool = False,
+        pre_collect_hook: Callable[[], Any] | None = None,
+        post_collect_hook: Callable[[TensorDictBase], Any] | None = None,
     ) -> None:
         check_bool("sync", sync)
+        check_bool("use_env_creator", use_env_creator)
+        check_bool("no_cuda_sync", no_cuda_sync)
+        if trust_policy is not None:
+            check_bool("trust_policy", trust_policy)
+        for name, hook in (("pre_collect_hook", pre_collect_hook), ("post_collect_hook", post_collect_hook)):
+            if hook is not None and not callable(hook):
+                raise TypeError(f"{name} must be a callable (run by each actor's collector) or None, got {hook!r}")
+        if use_env_creator:
+            create_env_fn = _with_env_creators(create_env_fn)
         self._gather = self._asked = sync
         options = {"ray_init_config": ray_init_config, "remote_configs": remote_configs, "join_timeout": join_timeout}
+        # TorchRL hands these to every actor's collector (collector_kwargs' own values first).
+        node_options = {
+            "trust_policy": (trust_policy, None), "no_cuda_sync": (no_cuda_sync, False),
+            "pre_collect_hook": (pre_collect_hook, None), "post_collect_hook": (post_collect_hook, None),
+        }  # fmt: skip
         self._init_nodes(
-            create_env_fn, policy, transport="ray", transport_options=options, replay_buffer=replay_buffer,
-            restart_nodes=restart_nodes, num_nodes=num_collectors, frames_per_batch=frames_per_batch,
-            collector_class=collector_class, collector_kwargs=collector_kwargs,
+            create_env_fn, policy, node_options=node_options, transport="ray", transport_options=options,
+            replay_buffer=replay_buffer, restart_nodes=restart_nodes, num_nodes=num_collectors,
+            frames_per_batch=frames_per_batch, collector_class=collector_class, collector_kwargs=collector_kwargs,
             num_workers_per_collector=num_workers_per_collector, update_after_each_batch=update_after_each_batch,
             max_weight_update_interval=max_weight_update_interval, update_interval=update_interval,
             init_random_frames=init_random_frames, max_frames_per_traj=max_frames_per_traj,
@@ -142,14 +174,46 @@ class RayCollector(NodeCollectorBase):
             postproc=postproc, split_trajs=split_trajs, total_frames=total_frames,
             max_queued_batches=max_queued_batches, reset_when_done=reset_when_done, set_truncated=set_truncated,
             track_traj_ids=track_traj_ids, shutdown_timeout=shutdown_timeout,
+            trajs_per_batch=trajs_per_batch, traj_format=traj_format, trajs_per_write=trajs_per_write,
             weight_sync_schemes=weight_sync_schemes, weight_updater=weight_updater,
             weight_recv_schemes=weight_recv_schemes,
         )  # fmt: skip
+        # Read back as TorchRL's attributes; the actors' collectors run them (nothing runs here).
+        self._pre_collect_hook, self._post_collect_hook = pre_collect_hook, post_collect_hook
         # One actor config per node, known now: a wrong count fails here, before Ray starts.
         check_options(self._dc.mc.transport_options, self._dc.mc.num_workers)
 
     async def _collect_one(self) -> TensorDictBase | None:
         return await (self._on_demand() if self._gather else self._first_node())
+
+    @property
+    def num_workers(self) -> int:
+        """The number of actors (TorchRL's ``num_workers``: ``num_collectors``)."""
+        return self._num_workers
+
+    def local_policy(self) -> Any:
+        """The policy this process holds (TorchRL's method): what ``policy=`` was given, or ``None``."""
+        return self._policy
+
+
+def _with_env_creators(create_env_fn: Any) -> Any:
+    """TorchRL's ``use_env_creator``: each env factory wrapped in ``torchrl.envs.EnvCreator``.
+
+    Envs, ``EnvCreator`` objects and gymnasium ids are left as they are, as TorchRL leaves its
+    envs and creators.
+    """
+    try:
+        from torchrl.envs import EnvBase, EnvCreator
+    except ImportError as exc:
+        raise ImportError(
+            "use_env_creator=True wraps the env factories in torchrl.envs.EnvCreator, and torchrl is not installed; "
+            "install torchrl or drop use_env_creator (Ray's object store ships the factories as they are)"
+        ) from exc
+
+    def wrap(fn: Any) -> Any:
+        return fn if isinstance(fn, (EnvBase, EnvCreator, str)) or not callable(fn) else EnvCreator(fn)
+
+    return [wrap(fn) for fn in create_env_fn] if isinstance(create_env_fn, (list, tuple)) else wrap(create_env_fn)
 
 
 fill_args(RayCollector, COLLECTOR_ARGS_DOC)

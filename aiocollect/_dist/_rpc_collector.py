@@ -67,6 +67,9 @@ class RPCCollector(NodeCollectorBase):
             `WorkerTimeoutError`.
         join_timeout: Seconds the nodes may take to join and collect their first batch.
         shutdown_timeout: Seconds each node gets to close before it is killed.
+        visible_devices: ``None`` only (``NotImplementedError`` otherwise): TorchRL's CUDA
+            device maps for TensorPipe; batches here travel in host memory (use
+            `DistributedCollector` with ``backend="nccl"`` for CUDA tensors).
         {args}
 
     Examples:
@@ -129,11 +132,21 @@ class RPCCollector(NodeCollectorBase):
         reset_when_done: bool = True,
         set_truncated: bool = False,
         track_traj_ids: bool = True,
+        trajs_per_batch: int | None = None,
+        traj_format: str | None = None,
+        trajs_per_write: int | None = None,
         weight_sync_schemes: dict[str, Any] | None = None,
         weight_updater: Any = None,
         weight_recv_schemes: dict[str, Any] | None = None,
+        visible_devices: Any = None,
     ) -> None:
         check_bool("sync", sync)
+        if visible_devices is not None:
+            raise NotImplementedError(
+                f"RPCCollector does not support visible_devices={visible_devices!r} (TensorPipe device maps for CUDA "
+                "tensors): its batches travel in host memory; drop visible_devices, or use "
+                "DistributedCollector(backend='nccl') for CUDA tensors"
+            )
         if backend != "gloo":
             raise ValueError(
                 f"RPCCollector's tensors travel in its RPC messages, so backend must be 'gloo', got {backend!r}; "
@@ -158,6 +171,7 @@ class RPCCollector(NodeCollectorBase):
             postproc=postproc, split_trajs=split_trajs, total_frames=total_frames,
             max_queued_batches=max_queued_batches, reset_when_done=reset_when_done, set_truncated=set_truncated,
             track_traj_ids=track_traj_ids, shutdown_timeout=shutdown_timeout,
+            trajs_per_batch=trajs_per_batch, traj_format=traj_format, trajs_per_write=trajs_per_write,
             weight_sync_schemes=weight_sync_schemes, weight_updater=weight_updater,
             weight_recv_schemes=weight_recv_schemes,
         )  # fmt: skip

@@ -12,14 +12,17 @@ actions; every node rebuilds the env from its factory:
 collector class. `check_factory_weights_reach_inner_workers` runs the same weight-update check
 on every collector kind (pytorch/rl#3729, where it failed for Ray and RPC), and
 `check_update_forms` TorchRL's forms of ``update_policy_weights_`` with the kind's own scheme,
-and `check_weights_reach_factory_policies` TorchRL's lazy weight sync (``policy_factory``, no
-``policy``: the first update's weights lay the nodes' weights out).
+`check_weights_reach_factory_policies` TorchRL's lazy weight sync (``policy_factory``, no
+``policy``: the first update's weights lay the nodes' weights out), and
+`check_whole_episodes_on_nodes` the complete-trajectory mode (``trajs_per_batch``).
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -29,11 +32,16 @@ import torch
 __all__ = [
     "NODE_ENVS",
     "check_a_close_failure_on_a_node",
+    "check_each_nodes_episodes_in_order",
     "check_envs_on_nodes",
     "check_factory_weights_reach_inner_workers",
     "check_torchrl_node_batches",
     "check_update_forms",
     "check_weights_reach_factory_policies",
+    "check_whole_episodes_on_nodes",
+    "episodes_of",
+    "record_call",
+    "recorded_calls",
     "sleepy_pool",
     "torchrl_pendulum",
 ]
@@ -211,3 +219,71 @@ async def check_weights_reach_factory_policies(collector_class: Any, *, before_s
             back = await c.__anext__()
     assert (negated[version] == 1).all() and _acts(negated, 0) == _acts(negated, 1) == {0}
     assert (back[version] == 2).all() and _acts(back, 0) == _acts(back, 1) == {1}
+
+
+LENGTH = 7  # steps per episode of `check_whole_episodes_on_nodes`' envs
+
+
+def episodes_of(frames: Any) -> list[tuple[int, int]]:
+    """``(node, episode)`` of each whole episode in flat ``frames``, checked frame by frame."""
+    obs = frames["observation"].long().tolist()
+    nodes = frames["collector", "worker_id"].flatten().tolist()
+    done = frames["next", "done"].flatten().tolist()
+    out: list[tuple[int, int]] = []
+    for i, ((_, episode, step), node) in enumerate(zip(obs, nodes, strict=True)):
+        if step == 0:
+            out.append((node, episode))
+        else:
+            assert out and out[-1] == (node, episode), f"frame {i} goes on another node's or episode's trajectory"
+        assert done[i] == (step == LENGTH - 1), f"frame {i}: done must mark the episode's last step only"
+    assert obs[-1][2] == LENGTH - 1, "the last trajectory is unfinished"
+    return out
+
+
+def check_each_nodes_episodes_in_order(found: list[tuple[int, int]]) -> None:
+    by_node: dict[int, list[int]] = defaultdict(list)
+    for node, episode in found:
+        by_node[node].append(episode)
+    assert sorted(by_node) == [0, 1], "both nodes' episodes are delivered"
+    for node, eps in by_node.items():
+        assert eps == list(range(len(eps))), f"node {node}'s episodes were lost, repeated or reordered: {eps}"
+
+
+async def check_whole_episodes_on_nodes(collector_class: Any, **kw: Any) -> None:
+    """``trajs_per_batch=3`` on two nodes: padded batches of whole episodes, none lost or mixed.
+
+    Each node runs a ``CountingEnv`` whose observation is ``[0, episode, step]`` (both nodes'
+    envs have index 0, so only the worker id tells them apart) with episodes of 7 steps, cut
+    by batches whose per-node size is no multiple of 7: an episode that goes on from one batch
+    to the next must be continued with its own node's steps. Per node, the episodes delivered
+    must be 0, 1, 2, ... with none lost, repeated or mixed with the other node's.
+    """
+    from aiocollect.testing import CountingEnv
+
+    env = partial(CountingEnv, 1, episode_length=LENGTH)
+    with anyio.fail_after(90):
+        async with collector_class(
+            [env] * 2, None, frames_per_batch=10, total_frames=150, trajs_per_batch=3, **kw
+        ) as c:
+            batches = [b async for b in c]
+    assert batches and all(b.shape == (3, LENGTH) and b.names[-1] == "time" for b in batches)
+    assert all(bool(b["collector", "mask"].all()) for b in batches)  # equal lengths: no padding
+    found = [ep for b in batches for ep in episodes_of(b.reshape(-1))]
+    assert len(found) == 3 * len(batches)
+    check_each_nodes_episodes_in_order(found)
+    # The nodes' 150 frames (f0 + f1) hold floor(f0 / 7) + floor(f1 / 7) whole episodes, 20 or
+    # 21: every complete group of 3 is delivered, the rest dropped when the budget is spent.
+    assert len(batches) in (6, 7)
+
+
+def record_call(directory: str, kind: str, *args: Any) -> None:
+    """A hook that leaves a file named for its kind and process in ``directory`` (any process, any actor)."""
+    import os
+    import uuid
+
+    (Path(directory) / f"{kind}-{os.getpid()}-{uuid.uuid4().hex}").touch()
+
+
+def recorded_calls(directory: Path, kind: str) -> list[int]:
+    """The pids of the processes that ran `record_call` for ``kind``, one per call."""
+    return [int(f.name.split("-")[1]) for f in directory.iterdir() if f.name.startswith(f"{kind}-")]

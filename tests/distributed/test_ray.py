@@ -30,6 +30,9 @@ from _node_envs import (  # noqa: E402
     check_factory_weights_reach_inner_workers,
     check_update_forms,
     check_weights_reach_factory_policies,
+    check_whole_episodes_on_nodes,
+    record_call,
+    recorded_calls,
     scripted,
 )
 from _ray_procs import local_ray, no_leaks  # noqa: E402, F401  (the module's Ray and its leak check)
@@ -287,3 +290,75 @@ async def test_updates_reach_the_inner_workers_of_nodes_built_by_a_policy_factor
 @pytest.mark.parametrize("kind", ["torchrl", "coroutine"])
 async def test_torchrl_and_coroutine_envs_on_nodes(kind: str) -> None:
     await check_envs_on_nodes(RayCollector, kind, **kw())
+
+
+async def test_actors_yield_whole_episodes() -> None:
+    await check_whole_episodes_on_nodes(RayCollector, **kw())
+
+
+async def test_torchrls_actor_arguments_reach_each_actors_collector(tmp_path: Path) -> None:
+    # TorchRL's RayCollector hands its hooks, trust_policy and no_cuda_sync to each remote collector.
+    policy = scripted()
+    with anyio.fail_after(120):
+        async with RayCollector(
+            [counting] * 2, policy, frames_per_batch=20, total_frames=80, sync=True, trust_policy=True,
+            no_cuda_sync=True, pre_collect_hook=partial(record_call, str(tmp_path), "pre"),
+            post_collect_hook=partial(record_call, str(tmp_path), "post"), **kw(),
+        ) as c:  # fmt: skip
+            assert c.num_workers == 2 and c.local_policy() is policy
+            assert c.post_collect_hook.args == (str(tmp_path), "post")  # TorchRL's attribute reads it back
+            assert all(d["trust_policy"] is True and d["no_cuda_sync"] is True for d in c._dc.node_kwargs)
+            batches = [b async for b in c]
+            actors = {int(p) for p in c._worker_pids()}
+    assert len(batches) == 4
+    for kind in ("pre", "post"):
+        pids = recorded_calls(tmp_path, kind)
+        assert set(pids) == actors, f"the {kind}-collect hook ran in {set(pids)}, not in the actors {actors}"
+        assert len(pids) >= 2 * len(batches)  # each actor's collector, once per batch it collected
+
+
+def test_torchrls_actor_arguments_are_checked_before_ray_starts() -> None:
+    with pytest.raises(TypeError, match=r"^post_collect_hook must be a callable \(run by each actor's collector\)"):
+        RayCollector([counting] * 2, frames_per_batch=10, post_collect_hook="print")
+    with pytest.raises(TypeError, match=r"^trust_policy must be a bool, got 'yes'"):
+        RayCollector([counting] * 2, frames_per_batch=10, trust_policy="yes")
+    with pytest.raises(TypeError, match=r"^use_env_creator must be a bool, got None"):
+        RayCollector([counting] * 2, frames_per_batch=10, use_env_creator=None)
+    with pytest.raises(ValueError, match=r"^trust_policy=True contradicts collector_kwargs' trust_policy=False"):
+        RayCollector([counting] * 2, frames_per_batch=10, trust_policy=True, collector_kwargs={"trust_policy": False})
+
+
+async def test_use_env_creator_wraps_torchrl_factories_the_actors_build() -> None:
+    envs = pytest.importorskip("torchrl.envs")
+    from _node_envs import torchrl_pendulum
+
+    c = RayCollector([torchrl_pendulum] * 2, frames_per_batch=40, total_frames=80, sync=True, use_env_creator=True,
+                     **kw())  # fmt: skip
+    assert all(isinstance(cfg.create_env_fn, envs.EnvCreator) for cfg in c._mc.worker_cfgs)
+    with anyio.fail_after(120):
+        async with c:
+            batches = [b async for b in c]
+    assert [b.numel() for b in batches] == [40, 40]
+    assert ("next", "step_count") in batches[0].keys(True, True)
+
+
+def test_the_blocking_twin_runs_a_torchrl_script_unchanged() -> None:
+    # As a TorchRL script writes it: the classic class, a for loop, updates, shutdown().
+    from aiocollect import blocking
+
+    policy = scripted()
+    collector = blocking.RayCollector(
+        [counting] * 2, policy, frames_per_batch=14, total_frames=112, sync=False,
+        collector_kwargs={"trajs_per_batch": 2, "traj_format": "cat"}, **kw(),
+    )  # fmt: skip
+    try:
+        assert collector.num_workers == 2 and collector.local_policy() is policy
+        batches = []
+        for batch in collector:
+            batches.append(batch)
+            collector.update_policy_weights_()
+    finally:
+        collector.shutdown()
+    assert batches and all(b.shape == (14,) and int(b["next", "done"].sum()) == 2 for b in batches)
+    # Each actor collects two batches ahead: its third and later ones hold the updated weights.
+    assert int(batches[-1][VERSION].max()) >= 1, "the updates reached the actors"

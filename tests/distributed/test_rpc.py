@@ -18,6 +18,7 @@ from _node_envs import (
     check_factory_weights_reach_inner_workers,
     check_update_forms,
     check_weights_reach_factory_policies,
+    check_whole_episodes_on_nodes,
     scripted,
 )
 from _rendezvous import MeetingCountingEnv, met
@@ -218,3 +219,13 @@ async def test_updates_reach_the_inner_workers_of_nodes_built_by_a_policy_factor
 @pytest.mark.parametrize("kind", ["torchrl", "coroutine"])
 async def test_torchrl_and_coroutine_envs_on_nodes(kind: str) -> None:
     await check_envs_on_nodes(RPCCollector, kind, **kw())
+
+
+async def test_nodes_yield_whole_episodes() -> None:
+    await check_whole_episodes_on_nodes(RPCCollector, **kw())  # TorchRL's RPCCollector takes trajs_per_batch too
+
+
+def test_rpc_visible_devices_is_taken_as_none_and_refused_otherwise() -> None:
+    assert RPCCollector([counting] * 2, frames_per_batch=10, visible_devices=None, **kw()) is not None
+    with pytest.raises(NotImplementedError, match=r"visible_devices=\['cuda:0', 'cuda:0'\].*backend='nccl'"):
+        RPCCollector([counting] * 2, frames_per_batch=10, visible_devices=["cuda:0", "cuda:0"], **kw())
