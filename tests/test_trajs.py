@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aiocollect import Collector, ReplayBuffer, SharedMemoryStorage
+from aiocollect import Collector, MultiSyncCollector, ReplayBuffer, SharedMemoryStorage
 from aiocollect.testing import CountingEnv
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -100,7 +100,12 @@ async def test_trajectory_arguments_are_checked_before_anything_starts() -> None
         ({"extend_buffer": False, "replay_buffer": ReplayBuffer(10), "postproc": lambda td: td},
          ValueError, r"^extend_buffer=False writes frames into the buffer step by step"),
         ({"extend_buffer": 1}, TypeError, r"^extend_buffer must be a bool, got 1$"),
+        # split_trajs' padded rows once went into the "whole" episodes (padding frames included).
+        ({"trajs_per_batch": 2, "split_trajs": True}, ValueError,
+         r"^split_trajs=True and trajs_per_batch both cut batches into trajectories.*; drop split_trajs"),
     ]  # fmt: skip
     for kwargs, error, pattern in cases:
         with pytest.raises(error, match=pattern):
             Collector(env, frames_per_batch=8, **kwargs)
+    with pytest.raises(ValueError, match=r"^split_trajs=True and trajs_per_batch"):
+        MultiSyncCollector([env, env], frames_per_batch=8, trajs_per_batch=2, split_trajs=True)

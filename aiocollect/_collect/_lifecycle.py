@@ -92,11 +92,13 @@ class CollectorLifecycle(CollectorAPI, BackgroundMixin, BatchPipeline):
         trajs_per_write: int | None = None,
         extend_buffer: bool = True,
         postprocessing: bool = False,
+        split_trajs: bool = False,
     ) -> None:
         self._init_background(replay_buffer)
         self._user_rb = replay_buffer
         rb = self._rb
-        check_traj_args(trajs_per_batch, traj_format, trajs_per_write, rb.storage.ndim if rb is not None else None)
+        ndim = rb.storage.ndim if rb is not None else None
+        check_traj_args(trajs_per_batch, traj_format, trajs_per_write, ndim, split_trajs=split_trajs)
         if not isinstance(extend_buffer, bool):
             raise TypeError(f"extend_buffer must be a bool, got {extend_buffer!r}")
         if not extend_buffer and rb is not None and (postprocessing or trajs_per_batch is not None):

@@ -24,13 +24,23 @@ __all__ = ["TrajectoryAssembler", "check_traj_args"]
 _FORMATS = ("padded", "cat")
 
 
-def check_traj_args(trajs_per_batch: Any, traj_format: Any, trajs_per_write: Any, storage_ndim: int | None) -> None:
+def check_traj_args(
+    trajs_per_batch: Any, traj_format: Any, trajs_per_write: Any, storage_ndim: int | None, *, split_trajs: bool = False
+) -> None:
     """Validate the trajectory-mode arguments (before anything is built)."""
     if trajs_per_batch is None:
         if traj_format is not None or trajs_per_write is not None:
             raise ValueError("traj_format and trajs_per_write need trajs_per_batch; set trajs_per_batch or drop them")
         return
     check_int("trajs_per_batch", trajs_per_batch, allow_none=True)
+    if split_trajs:
+        # split_trajs pads each batch's pieces of episodes into rows before the episodes could
+        # be assembled: the padding and the cut pieces would end up in the trajectories.
+        raise ValueError(
+            "split_trajs=True and trajs_per_batch both cut batches into trajectories, and split_trajs' padded rows "
+            "cannot be assembled into whole episodes; drop split_trajs (trajs_per_batch already yields whole "
+            "episodes, padded with a mask)"
+        )
     if traj_format is not None and traj_format not in _FORMATS:
         raise ValueError(f"traj_format must be 'padded' or 'cat', got {traj_format!r}")
 

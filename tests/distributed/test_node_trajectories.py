@@ -88,6 +88,8 @@ def test_trajectory_arguments_are_checked_before_any_node_starts(cls: type) -> N
         build(cls, trajs_per_batch=2, traj_format="flat")
     with pytest.raises(ValueError, match="trajs_per_batch must be a positive int or None, got 0"):
         build(cls, trajs_per_batch=0)
+    with pytest.raises(ValueError, match="split_trajs=True and trajs_per_batch both cut batches"):
+        build(cls, trajs_per_batch=2, split_trajs=True)
     with pytest.raises(ValueError, match="give the replay buffer ndim=1 storage"):
         build(cls, trajs_per_batch=2, replay_buffer=ReplayBuffer(100, storage=SharedMemoryStorage(ndim=2)))
     # Given the same way on every node, collector_kwargs' value is the collector's.
