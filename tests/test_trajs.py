@@ -81,6 +81,42 @@ async def test_reset_drops_partial_and_queued_trajectories() -> None:
     assert episodes(batch["observation"][batch["collector", "mask"]])[0][2] in (3, 5)  # whole episodes only
 
 
+@pytest.mark.parametrize("track_traj_ids", [True, False], ids=["traj_ids", "no_traj_ids"])
+async def test_episodes_abandoned_by_reset_at_each_iter_are_dropped(track_traj_ids: bool) -> None:
+    # They were joined to the next batch's episode of the same env: 11 of 12 rows held two.
+    async with Collector(env, frames_per_batch=8, total_frames=64, trajs_per_batch=2, reset_at_each_iter=True,
+                         track_traj_ids=track_traj_ids) as c:  # fmt: skip
+        batches = [b async for b in c]
+    trajs = [t for b in batches for t in episodes(b["observation"][b["collector", "mask"]])]
+    # Each batch steps both envs 4 times from a reset: env 0 finishes one 3-step episode and
+    # starts the next (abandoned at the reset); env 1's 5-step episodes never finish.
+    assert trajs == [(0, 2 * k, 3) for k in range(8)]
+    assert all(bool(b["next", "done"][b["collector", "mask"]].sum() == 2) for b in batches)
+
+
+async def test_a_new_trajectory_id_without_a_done_drops_the_open_episode() -> None:
+    # What a restarted worker or a reset() shows: the env's next frames belong to a new episode.
+    from tensordict import TensorDict
+
+    from aiocollect._collect._trajs import TrajectoryAssembler
+
+    def frames(ids: list[int], steps: list[int], done: list[bool]) -> TensorDict:
+        td = TensorDict(
+            {"observation": torch.tensor([[0.0, i, s] for i, s in zip(ids, steps, strict=True)]),
+             ("next", "done"): torch.tensor(done).unsqueeze(-1),
+             ("collector", "traj_ids"): torch.tensor(ids)},
+            batch_size=[len(ids)],
+        )  # fmt: skip
+        return td.unsqueeze(0)  # one env row
+
+    asm = TrajectoryAssembler(1, "cat", None)
+    asm.add(frames([7, 7, 8, 8], [0, 1, 0, 1], [False, False, False, False]))  # 7 abandoned mid-batch
+    asm.add(frames([9, 9, 9], [0, 1, 2], [False, False, True]))  # 8 abandoned between batches
+    assert asm.ready()
+    assert episodes(asm.pop()["observation"]) == [(0, 9, 3)]
+    assert not asm.ready() and not asm._partial
+
+
 async def test_extend_buffer_false_writes_step_by_step() -> None:
     rb = ReplayBuffer(1000)
     async with Collector(env, frames_per_batch=8, total_frames=16, replay_buffer=rb, extend_buffer=False) as c:

@@ -268,7 +268,7 @@ class Collector(
             cfg.total_frames, cfg.frames_per_batch, cfg.max_queued_batches, replay_buffer,
             trajs_per_batch=trajs_per_batch, traj_format=traj_format, trajs_per_write=trajs_per_write,
             extend_buffer=extend_buffer, postprocessing=cfg.split_trajs or cfg.postproc is not None,
-            split_trajs=bool(cfg.split_trajs),
+            split_trajs=bool(cfg.split_trajs), reset_at_each_iter=bool(cfg.reset_at_each_iter),
         )  # fmt: skip
 
     # -- lifecycle -----------------------------------------------------------------------------

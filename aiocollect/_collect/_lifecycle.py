@@ -44,8 +44,10 @@ class _WorkerTrajectories(TrajectoryAssembler):
     order every time), then per row. Finished episodes share one queue, in completion order.
     """
 
-    def __init__(self, trajs_per_batch: int, traj_format: str | None, trajs_per_write: int | None) -> None:
-        super().__init__(trajs_per_batch, traj_format, trajs_per_write)
+    def __init__(
+        self, trajs_per_batch: int, traj_format: str | None, trajs_per_write: int | None, *, drop_open: bool = False
+    ) -> None:
+        super().__init__(trajs_per_batch, traj_format, trajs_per_write, drop_open=drop_open)
         self._by_source: dict[tuple[int, ...], dict[int, Any]] = {(): self._partial}
 
     def add(self, batch: TensorDictBase) -> None:
@@ -93,6 +95,7 @@ class CollectorLifecycle(CollectorAPI, BackgroundMixin, BatchPipeline):
         extend_buffer: bool = True,
         postprocessing: bool = False,
         split_trajs: bool = False,
+        reset_at_each_iter: bool = False,
     ) -> None:
         self._init_background(replay_buffer)
         self._user_rb = replay_buffer
@@ -112,7 +115,11 @@ class CollectorLifecycle(CollectorAPI, BackgroundMixin, BatchPipeline):
         self._extend_buffer = extend_buffer
         self._traj_options = (trajs_per_batch, traj_format, trajs_per_write)  # as given (TorchRL's attributes)
         per_write = 1 if self._torchrl_rb is not None else trajs_per_write
-        self._traj = None if trajs_per_batch is None else _WorkerTrajectories(trajs_per_batch, traj_format, per_write)
+        self._traj = (
+            None
+            if trajs_per_batch is None
+            else _WorkerTrajectories(trajs_per_batch, traj_format, per_write, drop_open=reset_at_each_iter)
+        )
         # Raw mode: the collector hands back plain batches, and _next_item turns them into
         # trajectories or step-by-step buffer writes. Otherwise batches go to the buffer whole.
         self._raw_mode = self._traj is not None or (rb is not None and not extend_buffer)

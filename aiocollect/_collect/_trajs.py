@@ -22,6 +22,7 @@ from .._core._validate import check_int
 __all__ = ["TrajectoryAssembler", "check_traj_args"]
 
 _FORMATS = ("padded", "cat")
+_TRAJ_IDS = ("collector", "traj_ids")
 
 
 def check_traj_args(
@@ -54,8 +55,11 @@ def check_traj_args(
 class TrajectoryAssembler:
     """Turns fixed-size batches into whole trajectories (see the module docstring)."""
 
-    def __init__(self, trajs_per_batch: int, traj_format: str | None, trajs_per_write: int | None) -> None:
+    def __init__(
+        self, trajs_per_batch: int, traj_format: str | None, trajs_per_write: int | None, *, drop_open: bool = False
+    ) -> None:
         self.n = trajs_per_batch
+        self.drop_open = drop_open  # envs reset before every batch: no episode goes on into the next one
         self.format = traj_format or "padded"
         self.per_write = trajs_per_write or 1
         self._partial: dict[int, list[TensorDictBase]] = {}  # env row -> pieces of its open episode
@@ -80,19 +84,40 @@ class TrajectoryAssembler:
             first += rows.shape[0]
         finished.sort(key=lambda item: (item[0], item[1]))
         self._done.extend(traj for _, _, traj in finished)
+        if self.drop_open:  # without trajectory ids, the only sign of the reset (TorchRL drops them too)
+            self._partial.clear()
 
     def _cut(self, rows: TensorDictBase, first: int, finished: list[tuple[int, int, TensorDictBase]]) -> None:
-        """Cut ``[R, T]`` rows (env rows ``first`` on) into episodes; collect the finished ones."""
+        """Cut ``[R, T]`` rows (env rows ``first`` on) into episodes; collect the finished ones.
+
+        An env that abandons an episode (``reset_at_each_iter``, a ``reset()``, a restarted
+        worker) starts a new one without a done: its trajectory id changes. The abandoned
+        episode's frames are dropped then, never joined to the next episode's.
+        """
         done = rows.get(("next", "done")).reshape(rows.shape)
+        ids = rows.get(_TRAJ_IDS, None)
+        ids = None if ids is None else ids.reshape(rows.shape)
         for i in range(rows.shape[0]):
             r = first + i
             ends = torch.nonzero(done[i]).flatten().tolist()
+            starts: list[int] = []  # where a new episode begins without the one before it ending
+            if ids is not None:
+                row = ids[i]
+                open_piece = self._partial.get(r)
+                if open_piece is not None and int(open_piece[-1].get(_TRAJ_IDS)[-1]) != int(row[0]):
+                    starts.append(0)
+                new = (row[1:] != row[:-1]) & ~done[i, :-1]
+                starts += (torch.nonzero(new).flatten() + 1).tolist()
             start = 0
-            for end in ends:
+            for pos, is_end in sorted([(e, True) for e in ends] + [(b, False) for b in starts]):
+                if not is_end:  # the episode open here was abandoned: drop it
+                    self._partial.pop(r, None)
+                    start = pos
+                    continue
                 pieces = self._partial.pop(r, [])
-                pieces.append(rows[i, start : end + 1])
-                finished.append((end, r, _cat(pieces)))
-                start = end + 1
+                pieces.append(rows[i, start : pos + 1])
+                finished.append((pos, r, _cat(pieces)))
+                start = pos + 1
             if start < rows.shape[1]:
                 self._partial.setdefault(r, []).append(rows[i, start:].clone())
 

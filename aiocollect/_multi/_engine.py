@@ -81,6 +81,7 @@ class MultiCollectorBase(EngineWeights, WorkerCalls, CollectorLifecycle):
         self._init_lifecycle(
             mc.cfg.total_frames, mc.total_fpb, mc.cfg.max_queued_batches, replay_buffer, **traj_args,
             postprocessing=mc.cfg.split_trajs or mc.cfg.postproc is not None, split_trajs=bool(mc.cfg.split_trajs),
+            reset_at_each_iter=bool(mc.cfg.reset_at_each_iter),
         )  # fmt: skip
         rb, memory = self._rb, self._transport_class.memory
         # TorchRL buffers take whole batches from the parent, and so does a storage on a device

@@ -193,6 +193,22 @@ async def test_trajectory_mode_assembles_whole_episodes_from_every_worker(backen
     assert set(obs[:, 0].tolist()) == {0, 1, 2, 3}  # both workers' envs
 
 
+async def test_reset_at_each_iter_writes_only_whole_episodes(backend: str) -> None:
+    # Episodes the per-batch reset abandons were joined to the next batch's (two episodes in a "whole" one).
+    rb = ReplayBuffer(10_000)
+    with anyio.fail_after(90):
+        async with MultiAsyncCollector(worker_envs(2), num_workers=2, frames_per_batch=14, total_frames=112,
+                                       trajs_per_batch=1, reset_at_each_iter=True, replay_buffer=rb,
+                                       backend=backend) as c:  # fmt: skip
+            assert [b async for b in c] == [None] * 8
+    obs = rb.storage.tensors["observation"][: rb.write_count].long()
+    # 7 steps per env and batch from a reset: one whole 5-step episode, then 2 abandoned steps.
+    assert rb.write_count == 8 * 2 * LENGTH
+    for run in obs.reshape(-1, LENGTH, 3):
+        assert (run[:, 0] == run[0, 0]).all() and (run[:, 1] == run[0, 1]).all()
+        assert run[:, 2].tolist() == list(range(LENGTH))
+
+
 async def test_pause_while_workers_wait_for_the_rate_limiter_then_resume(backend: str) -> None:
     rb = ReplayBuffer(100_000, batch_size=16, min_size=32, samples_per_insert=1.0, tolerance=16)
     with anyio.fail_after(90):
