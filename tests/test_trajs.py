@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tensordict import TensorDictBase
 
 from aiocollect import Collector, MultiSyncCollector, ReplayBuffer, SharedMemoryStorage
 from aiocollect.testing import CountingEnv
@@ -92,6 +93,23 @@ async def test_episodes_abandoned_by_reset_at_each_iter_are_dropped(track_traj_i
     # starts the next (abandoned at the reset); env 1's 5-step episodes never finish.
     assert trajs == [(0, 2 * k, 3) for k in range(8)]
     assert all(bool(b["next", "done"][b["collector", "mask"]].sum() == 2) for b in batches)
+
+
+async def test_a_postproc_that_flattens_the_batch_still_gets_whole_episodes() -> None:
+    # SAC's recipes flatten each batch in postproc; the episodes were cut across envs then.
+    def flatten(td: TensorDictBase) -> TensorDictBase:
+        return td.reshape(-1)
+
+    async def trajectories(**kw: object) -> list[tuple[int, int, int]]:
+        async with Collector(env, frames_per_batch=8, total_frames=96, trajs_per_batch=2, traj_format="cat",
+                             **kw) as c:  # fmt: skip
+            return [t for b in [b async for b in c] for t in episodes(b["observation"])]
+
+    flat = await trajectories(postproc=flatten)
+    assert all(n == (3 if e == 0 else 5) for e, _, n in flat)  # whole episodes of one env each
+    assert sorted(flat) == sorted(await trajectories())  # the same episodes as without postproc
+    with pytest.raises(ValueError, match=r"no time dim and no \('collector', 'traj_ids'\) to group its frames by"):
+        await trajectories(postproc=flatten, track_traj_ids=False)
 
 
 async def test_a_new_trajectory_id_without_a_done_drops_the_open_episode() -> None:

@@ -79,6 +79,9 @@ class TrajectoryAssembler:
         finished: list[tuple[int, int, TensorDictBase]] = []  # (end step, env row, episode)
         first = 0
         for part in dense_parts(batch):
+            if part.ndim == 1 and part.names[0] != "time":  # flattened (by postproc): no env rows left
+                self._group(part, finished)
+                continue
             rows = part.reshape(-1, part.shape[-1]) if part.ndim > 1 else part.unsqueeze(0)
             self._cut(rows, first, finished)
             first += rows.shape[0]
@@ -120,6 +123,39 @@ class TrajectoryAssembler:
                 start = pos + 1
             if start < rows.shape[1]:
                 self._partial.setdefault(r, []).append(rows[i, start:].clone())
+
+    def _group(self, flat: TensorDictBase, finished: list[tuple[int, int, TensorDictBase]]) -> None:
+        """Assemble a flat batch's frames by trajectory id (TorchRL's way), keeping their order.
+
+        Every env steps in every batch of its workers, so an open episode whose id is missing
+        from this batch was abandoned: it is dropped.
+        """
+        ids = flat.get(_TRAJ_IDS, None)
+        if ids is None:
+            raise ValueError(
+                f"trajs_per_batch cuts episodes along each env's time dim, and this batch of shape {list(flat.shape)} "
+                "(postproc's output) has no time dim and no ('collector', 'traj_ids') to group its frames by; keep "
+                "the batch's [..., time] shape in postproc, or keep track_traj_ids=True"
+            )
+        ids = ids.reshape(-1)
+        done = flat.get(("next", "done")).reshape(-1)
+        order = torch.argsort(ids, stable=True)
+        uniq, counts = torch.unique_consecutive(ids[order], return_counts=True)
+        seen = set()
+        start = 0
+        for tid, count in zip(uniq.tolist(), counts.tolist(), strict=True):
+            idx = order[start : start + count]
+            start += count
+            key = -1 - tid  # apart from the env rows' keys (>= 0) in the same dict
+            seen.add(key)
+            pieces = self._partial.pop(key, [])
+            pieces.append(flat[idx])
+            if bool(done[idx[-1]]):
+                finished.append((int(idx[-1]), 0, _cat(pieces)))
+            else:
+                self._partial[key] = pieces
+        for key in [k for k in self._partial if k < 0 and k not in seen]:
+            del self._partial[key]
 
     def ready(self) -> bool:
         """Whether a whole batch of trajectories is queued."""
