@@ -10,7 +10,7 @@ flat runs of frames, ``trajs_per_write`` per ``extend``; unfinished ones never a
 
 from __future__ import annotations
 
-from collections import deque
+from collections import defaultdict, deque
 from typing import Any
 
 import torch
@@ -98,21 +98,24 @@ class TrajectoryAssembler:
         episode's frames are dropped then, never joined to the next episode's.
         """
         done = rows.get(("next", "done")).reshape(rows.shape)
+        ends: dict[int, list[int]] = defaultdict(list)
+        for i, t in torch.nonzero(done).tolist():
+            ends[i].append(t)
+        starts: dict[int, list[int]] = defaultdict(list)  # where an episode begins without the last one ending
         ids = rows.get(_TRAJ_IDS, None)
-        ids = None if ids is None else ids.reshape(rows.shape)
+        if ids is not None and ids.numel() == rows.numel():  # one id per frame (not per agent)
+            ids = ids.reshape(rows.shape)
+            firsts = ids[:, 0].tolist()
+            for i in range(rows.shape[0]):
+                open_piece = self._partial.get(first + i)
+                if open_piece is not None and int(open_piece[-1].get(_TRAJ_IDS)[-1]) != firsts[i]:
+                    starts[i].append(0)
+            for i, t in torch.nonzero((ids[:, 1:] != ids[:, :-1]) & ~done[:, :-1]).tolist():
+                starts[i].append(t + 1)
         for i in range(rows.shape[0]):
             r = first + i
-            ends = torch.nonzero(done[i]).flatten().tolist()
-            starts: list[int] = []  # where a new episode begins without the one before it ending
-            if ids is not None:
-                row = ids[i]
-                open_piece = self._partial.get(r)
-                if open_piece is not None and int(open_piece[-1].get(_TRAJ_IDS)[-1]) != int(row[0]):
-                    starts.append(0)
-                new = (row[1:] != row[:-1]) & ~done[i, :-1]
-                starts += (torch.nonzero(new).flatten() + 1).tolist()
             start = 0
-            for pos, is_end in sorted([(e, True) for e in ends] + [(b, False) for b in starts]):
+            for pos, is_end in sorted([(e, True) for e in ends[i]] + [(b, False) for b in starts[i]]):
                 if not is_end:  # the episode open here was abandoned: drop it
                     self._partial.pop(r, None)
                     start = pos
@@ -131,7 +134,7 @@ class TrajectoryAssembler:
         from this batch was abandoned: it is dropped.
         """
         ids = flat.get(_TRAJ_IDS, None)
-        if ids is None:
+        if ids is None or ids.numel() != flat.numel():
             raise ValueError(
                 f"trajs_per_batch cuts episodes along each env's time dim, and this batch of shape {list(flat.shape)} "
                 "(postproc's output) has no time dim and no ('collector', 'traj_ids') to group its frames by; keep "
