@@ -9,12 +9,15 @@ every row, ``torch.set_num_threads(1)``. Rows:
   stack the steps), the floor any collector adds overhead to;
 * TorchRL's ``Collector`` and aiocollect's ``SyncDataCollector`` (one process);
 * TorchRL's ``MultiSyncCollector`` and aiocollect's ``MultiSyncDataCollector`` (2 workers,
-  one env each).
+  one env each);
+* whole episodes (``trajs_per_batch``, ``traj_format="cat"``: ``frames_per_batch / 200``
+  episodes of 200 steps per batch), one process: a hand-written loop that stacks each
+  episode's steps when it ends, TorchRL's ``Collector`` and aiocollect's ``SyncDataCollector``.
 
 Each pair is timed in alternation (ABBA rounds, after a warm-up batch), so a slow patch of a
 shared machine hits both sides; the reported ratio is the median of the per-round ratios.
 
-    PYTHONPATH=. python benchmarks/bench_torchrl_env.py            # about 2 minutes on 2 cores
+    PYTHONPATH=. python benchmarks/bench_torchrl_env.py            # about 3 minutes on 2 cores
     PYTHONPATH=. python benchmarks/bench_torchrl_env.py --quick    # smoke run: 2 rounds of 2 batches
 
 See benchmarks/README.md for what each row means.
@@ -74,6 +77,37 @@ class BareLoop:
         self.env.close()
 
 
+class BareEpisodes:
+    """The hand-written loop of whole episodes: ``n`` of them per batch, concatenated."""
+
+    def __init__(self, n: int) -> None:
+        self.env, self.policy, self.n = make_env(), make_policy(), n
+        self.td = self.env.reset()
+        self.steps: list[Any] = []
+        self.episodes: list[Any] = []
+
+    def __iter__(self) -> BareEpisodes:
+        return self
+
+    def __next__(self) -> Any:
+        with torch.no_grad():
+            while len(self.episodes) < self.n:
+                self.policy(self.td)
+                out, self.td = self.env.step_and_maybe_reset(self.td)
+                self.steps.append(out)
+                if out["next", "done"].item():
+                    self.episodes.append(torch.stack(self.steps))
+                    self.steps = []
+        batch, self.episodes = self.episodes[: self.n], self.episodes[self.n :]
+        return torch.cat(batch)
+
+    def shutdown(self) -> None:
+        self.env.close()
+
+
+EPISODE = 200  # StepCounter(200): Pendulum's episodes end there
+
+
 def build(name: str, fpb: int) -> Any:
     import torchrl.collectors as trc
 
@@ -86,6 +120,13 @@ def build(name: str, fpb: int) -> Any:
         return trc.Collector(make_env, policy, frames_per_batch=fpb, total_frames=-1)
     if name == "aiocollect":
         return aiocollect.SyncDataCollector(make_env, policy, frames_per_batch=fpb, total_frames=-1)
+    episodes = {"trajs_per_batch": max(1, fpb // EPISODE), "traj_format": "cat"}
+    if name == "bare-episodes":
+        return BareEpisodes(episodes["trajs_per_batch"])
+    if name == "torchrl-episodes":
+        return trc.Collector(make_env, policy, frames_per_batch=fpb, total_frames=-1, **episodes)
+    if name == "aiocollect-episodes":
+        return aiocollect.SyncDataCollector(make_env, policy, frames_per_batch=fpb, total_frames=-1, **episodes)
     if name == "torchrl-multi":
         return trc.MultiSyncCollector([make_env] * 2, policy, frames_per_batch=fpb, total_frames=-1)
     if name == "aiocollect-multi":
@@ -137,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         ("one process: aiocollect / bare loop", "bare", "aiocollect"),
         ("one process: aiocollect / TorchRL", "torchrl", "aiocollect"),
         ("2 workers: aiocollect / TorchRL", "torchrl-multi", "aiocollect-multi"),
+        ("whole episodes: aiocollect / bare loop", "bare-episodes", "aiocollect-episodes"),
+        ("whole episodes: aiocollect / TorchRL", "torchrl-episodes", "aiocollect-episodes"),
     ]
     results = []
     for label, a, b in pairs:

@@ -156,7 +156,7 @@ class RayCollector(NodeCollectorBase):
             create_env_fn = _with_env_creators(create_env_fn)
         self._gather = self._asked = sync
         options = {"ray_init_config": ray_init_config, "remote_configs": remote_configs, "join_timeout": join_timeout}
-        # TorchRL hands these to every actor's collector (collector_kwargs' own values first).
+        # TorchRL hands these to every actor's collector (a collector_kwargs entry may not contradict them).
         node_options = {
             "trust_policy": (trust_policy, None), "no_cuda_sync": (no_cuda_sync, False),
             "pre_collect_hook": (pre_collect_hook, None), "post_collect_hook": (post_collect_hook, None),
