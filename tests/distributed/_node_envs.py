@@ -37,6 +37,7 @@ __all__ = [
     "check_factory_weights_reach_inner_workers",
     "check_torchrl_node_batches",
     "check_update_forms",
+    "check_updates_reach_each_node",
     "check_weights_reach_factory_policies",
     "check_whole_episodes_on_nodes",
     "episodes_of",
@@ -219,6 +220,25 @@ async def check_weights_reach_factory_policies(collector_class: Any, *, before_s
             back = await c.__anext__()
     assert (negated[version] == 1).all() and _acts(negated, 0) == _acts(negated, 1) == {0}
     assert (back[version] == 2).all() and _acts(back, 0) == _acts(back, 1) == {1}
+
+
+def check_updates_reach_each_node(batches: list[Any], *, from_batch: int) -> None:
+    """Free-running nodes: each node's batches from its ``from_batch``-th (0-based) on hold updates.
+
+    A node has batches collected (or asked for) before the first update reaches it, and which
+    node delivers the last batch is up to the nodes' speed: a node slow to start may deliver
+    only its first ones at the end. So the check is per node, in the order each delivered.
+    Each batch is one node's, collected with one version; versions never go back.
+    """
+    by_node: dict[int, list[int]] = defaultdict(list)
+    for b in batches:
+        node, version = b["collector", "worker_id"], b["collector", "policy_version"]
+        assert node.unique().numel() == 1 and version.unique().numel() == 1, "a batch is one node's, one version"
+        by_node[int(node.flatten()[0])].append(int(version.flatten()[0]))
+    for node, versions in by_node.items():
+        assert versions == sorted(versions), f"node {node}'s versions go back: {versions}"
+        assert all(v > 0 for v in versions[from_batch:]), f"node {node}'s later batches miss the updates: {versions}"
+    assert any(len(v) > from_batch for v in by_node.values()), f"no node delivered {from_batch + 1} batches"
 
 
 LENGTH = 7  # steps per episode of `check_whole_episodes_on_nodes`' envs
