@@ -36,6 +36,12 @@ looks like. It is looked at twice, a moment apart, before that verdict, and it k
 unheld, when the grace period is over: a foreign program may close an entry just before
 it unlinks it. aiocollect itself names nothing in ``/dev/shm`` (its blocks are memfds).
 
+multiprocessing's temp dirs (``pymp-*`` in the temp dir, each holding a fork server's or a
+listener's socket) are removed by the process that made them when it exits; a process that
+is killed (or exits with ``os._exit``) leaves its dir behind. A new one counts as the test's
+once no process has a socket bound in it (``/proc/net/unix``): the fork server (or listener)
+whose socket it holds is gone, and so is whoever should have removed it.
+
 Blind spots, shared with the process check: a process the test double-forks away from its
 tree is not the test's, nor is what it holds; and a name naming a pid that has exited and
 was never seen in the tree says nothing (rule 4 decides).
@@ -48,6 +54,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -125,6 +132,8 @@ class Snapshot:
     children: dict[tuple[int, float], str] = field(default_factory=dict)
     #: names of the entries in ``/dev/shm``.
     shm: frozenset[str] = field(default_factory=frozenset)
+    #: multiprocessing's temp dirs (``pymp-*``) in the temp dir, by path.
+    mp_temp_dirs: frozenset[str] = field(default_factory=frozenset)
     #: number of open file descriptors of this process.
     fd_count: int = 0
     #: pids of the tree seen by earlier snapshots of the same comparison (`wait_for_no_leaks`
@@ -236,6 +245,32 @@ def _shm() -> frozenset[str]:
         return frozenset(os.listdir(_SHM_DIR))
     except OSError:  # no /dev/shm on this platform
         return frozenset()
+
+
+def _mp_temp_dirs() -> frozenset[str]:
+    root = tempfile.gettempdir()
+    try:
+        return frozenset(os.path.join(root, n) for n in os.listdir(root) if n.startswith("pymp-"))
+    except OSError:  # pragma: no cover - no temp dir to list
+        return frozenset()
+
+
+def _bound_unix_paths() -> set[str]:
+    """Paths of the Unix sockets bound by any live process (``/proc/net/unix``' last column)."""
+    try:
+        with open("/proc/net/unix") as f:
+            next(f)  # the header
+            return {parts[7] for line in f if len(parts := line.split()) >= 8}
+    except OSError:  # pragma: no cover - no procfs
+        return set()
+
+
+def _new_mp_temp_dirs_of_the_test(before: Snapshot, after: Snapshot) -> list[str]:
+    new = sorted(d for d in after.mp_temp_dirs - before.mp_temp_dirs if os.path.isdir(d))
+    if not new:
+        return []
+    bound = _bound_unix_paths()
+    return [d for d in new if not any(p.startswith(d + os.sep) for p in bound)]
 
 
 def _named_pid(name: str) -> int | None:
@@ -356,11 +391,12 @@ def _fd_count() -> int:
 
 
 def take_snapshot() -> Snapshot:
-    """Record the threads, child processes, /dev/shm entries and fds owned right now."""
+    """Record the threads, child processes, /dev/shm entries, multiprocessing temp dirs and fds right now."""
     return Snapshot(
         threads=_threads(),
         children=_children(),
         shm=_shm(),
+        mp_temp_dirs=_mp_temp_dirs(),
         fd_count=_fd_count(),
     )
 
@@ -394,6 +430,8 @@ def find_leaks(before: Snapshot, after: Snapshot, *, fd_slack: int = FD_SLACK) -
             problems.append(f"leaked child process pid={key[0]}: {cmdline}")
     for name in _new_shm_of_the_test(before, after):
         problems.append(f"leaked /dev/shm entry {name!r}")
+    for path in _new_mp_temp_dirs_of_the_test(before, after):
+        problems.append(f"leaked multiprocessing temp dir {path!r} (its process was killed or skipped its exit)")
     if after.fd_count > before.fd_count + fd_slack:
         problems.append(
             f"leaked file descriptors: {before.fd_count} open before, {after.fd_count} after (slack {fd_slack})"

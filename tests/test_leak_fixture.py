@@ -14,6 +14,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -141,6 +142,38 @@ def test_detects_leaked_shm_entry() -> None:
         assert any(os.path.basename(path) in p for p in problems), problems
     finally:
         os.unlink(path)
+    check_no_leaks(before, take_snapshot())
+
+
+# A process holding a socket in its multiprocessing temp dir, as a fork server's parent does.
+MP_TEMP_DIR_HOLDER = """
+import sys
+from multiprocessing.connection import Listener
+listener = Listener(family="AF_UNIX")  # its address is in multiprocessing's temp dir
+print(listener.address, flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/unix"), reason="no procfs")
+def test_detects_the_temp_dir_a_killed_process_left_and_not_a_live_ones() -> None:
+    before = take_snapshot()
+    argv = [sys.executable, "-c", MP_TEMP_DIR_HOLDER]
+    with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as child:
+        assert child.stdout is not None
+        temp_dir = os.path.dirname(child.stdout.readline().strip())
+        try:
+            assert os.path.basename(temp_dir).startswith("pymp-")
+            live = find_leaks(before, replace(take_snapshot(), children={}))
+            assert not any("temp dir" in p for p in live), live  # its socket is still bound: in use
+            child.kill()
+            child.wait(timeout=10)
+            problems = find_leaks(before, take_snapshot())
+            assert any(temp_dir in p and "temp dir" in p for p in problems), problems
+        finally:
+            child.kill()
+            child.wait(timeout=10)
+            shutil.rmtree(temp_dir, ignore_errors=True)
     check_no_leaks(before, take_snapshot())
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -32,6 +33,7 @@ __all__ = [
     "node_preload",
     "preload_forkserver",
     "prestart_forkserver",
+    "remove_temp_dir_before_kill",
     "run_in_environ",
 ]
 
@@ -129,3 +131,18 @@ def run_in_environ(environ: Mapping[str, str], target: Callable[..., None], *arg
         del os.environ[key]
     os.environ.update(environ)
     target(*args)
+
+
+def remove_temp_dir_before_kill() -> None:
+    """Remove this process's multiprocessing temp dir, for a process about to be killed.
+
+    A killed process runs no exit handlers, so the temp dir it would remove at exit stays
+    in /tmp (``pymp-*``, which holds the fork server's socket): one per Ray actor whose
+    collector started local workers, on every run. The fork server itself ends with the
+    process (it watches a pipe from it). Only for a process that starts nothing after this:
+    its fork server's address is gone.
+    """
+    with _START_LOCK:
+        tempdir = multiprocessing.current_process()._config.pop("tempdir", None)  # type: ignore[attr-defined]
+    if tempdir is not None:
+        shutil.rmtree(tempdir, ignore_errors=True)

@@ -98,6 +98,8 @@ def _outcome(future: Any) -> tuple[Any, BaseException | None]:
 class RayTransport(RemoteTransport):
     """Nodes are Ray actors (`NodeHost`), on a local Ray instance or a cluster."""
 
+    kills_hosts = True  # `ray.kill` ends each actor once its loop has ended
+
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
         return check_options(options)

@@ -60,6 +60,8 @@ class RemoteTransport(Transport):
 
     memory = "none"
     can_kill = True
+    #: The engine kills a host's process once its loop has ended (no exit handlers run there).
+    kills_hosts = False
 
     def __init__(self, num_workers: int, options: dict[str, Any], weights_layout: Any) -> None:
         super().__init__(num_workers, options, weights_layout)
@@ -130,7 +132,9 @@ class RemoteTransport(Transport):
         failure: Exception | None = None
         with anyio.fail_after(opts["join_timeout"]):
             await anyio.to_thread.run_sync(self._ensure_open)
-            setup = HostSetup(opts["worker_main"], spec, self._weights, opts["beat_interval"])
+            setup = HostSetup(
+                opts["worker_main"], spec, self._weights, opts["beat_interval"], killed_after=self.kills_hosts
+            )
             try:
                 handle, info = await anyio.to_thread.run_sync(self._create, w, setup)
             except Exception as exc:

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ._messages import ApplyWeights, BatchReady, Close, Command, Event
+from ._prestart import remove_temp_dir_before_kill
 from ._transport import BUSY, CONTROL_WORDS, PROGRESS, STOP, Tensors, WorkerChannel
 
 __all__ = ["HostSetup", "NodeHost", "PollResult"]
@@ -48,6 +49,7 @@ class HostSetup:
     weights: dict[Any, Any] | None  # the published weights, when the node must start from them
     beat: float  # seconds between progress reports while the count changes
     idle: float = 10.0  # a poll returns after this long even when nothing changed
+    killed_after: bool = False  # the host's process is killed once the loop has ended (a Ray actor)
 
 
 @dataclass(frozen=True)
@@ -150,7 +152,11 @@ class NodeHost:
         try:
             main(self._channel, self._setup.spec)
         finally:
-            self._finished.set()
+            try:
+                if self._setup.killed_after:  # before the trainer can see the end (and kill us)
+                    remove_temp_dir_before_kill()
+            finally:
+                self._finished.set()
             with self._channel._cond:
                 self._channel._cond.notify_all()
 

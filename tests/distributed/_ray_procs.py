@@ -12,6 +12,7 @@ import os
 import re
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import psutil
 import pytest
@@ -48,7 +49,7 @@ def ray_snapshot() -> Snapshot:
     """`take_snapshot`, without Ray's own processes and idle workers."""
     snap = take_snapshot()
     keep = {key: cmd for key, cmd in snap.children.items() if not _RAY_OWN.search(cmd)}
-    return Snapshot(threads=snap.threads, children=keep, shm=snap.shm, fd_count=snap.fd_count)
+    return replace(snap, children=keep)
 
 
 @pytest.fixture(scope="module", autouse=True)
